@@ -1,0 +1,164 @@
+"""Runs every benchmark side by side and prints the tables.
+
+    python benchmarks/run.py [--out benchmarks/results] [--only alloc,train,...]
+
+Each (allocator, workload) pair runs in its own process (workloads.py); this
+script gathers them, prints ratio tables against PyTorch's allocator, and
+writes results.json, results.md and plots (PNG) to --out. Needs a GPU.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PLAN = {
+    "alloc": ["torch", "torch_uvm", "raw_managed", "cupy"],
+    "train": ["torch", "torch_uvm", "raw_managed"],
+    "moves_to_gpu": ["torch", "torch_uvm"],
+    "moves_to_cpu": ["torch", "torch_uvm"],
+    "faults": ["torch_uvm"],
+}
+MiB = 1 << 20
+
+
+def human(n):
+    n = int(n)
+    return f"{n // MiB} MiB" if n >= MiB else (f"{n // 1024} KiB" if n >= 1024 else f"{n} B")
+
+
+def run_one(allocator, workload):
+    t0 = time.time()
+    print(f"  running {workload} with {allocator} ...", flush=True)
+    p = subprocess.run([sys.executable, os.path.join(HERE, "workloads.py"), allocator, workload],
+                       capture_output=True, text=True, timeout=400)
+    if p.returncode != 0:
+        print(f"  FAILED {workload}/{allocator}:\n{p.stderr[-2000:]}", flush=True)
+        return None
+    print(f"  done in {time.time() - t0:.0f} s", flush=True)
+    return json.loads(p.stdout.strip().splitlines()[-1])["result"]
+
+
+def table(title, header, rows):
+    lines = [f"### {title}", "", "| " + " | ".join(header) + " |",
+             "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def report(results):
+    out = []
+    a = results.get("alloc", {})
+    if a.get("torch"):
+        peers = [p for p in PLAN["alloc"] if a.get(p)]
+        rows = []
+        for key in a["torch"]:
+            label = "mixed trace, per alloc" if not key.isdigit() else human(key)
+            base = a["torch"][key]
+            rows.append([label] + [f"{a[p][key]:.2f} µs ({a[p][key] / base:.2f}×)"
+                                   if key in a[p] else "n/a" for p in peers])
+        out.append(table("1. Allocation: torch.empty + del (median µs, ratio to PyTorch)",
+                         ["size"] + peers, rows))
+    t = results.get("train", {})
+    if t.get("torch"):
+        peers = [p for p in PLAN["train"] if t.get(p)]
+        rows = [[m] + [f"{t[p][m]:.2f} ms ({t[p][m] / t['torch'][m]:.2f}×)" for p in peers]
+                for m in t["torch"]]
+        out.append(table("2. Training step (median ms, ratio to UVM off)", ["model"] + peers, rows))
+    g = results.get("moves_to_gpu", {})
+    if g.get("torch") and g.get("torch_uvm"):
+        rows = []
+        for size in g["torch"]:
+            merged = {**g["torch"][size], **g["torch_uvm"][size]}
+            pinned = merged["pinned_copy"]
+            for name, v in merged.items():
+                rows.append([human(size), name, f"{v['call_ms']:.3f}", f"{v['ready_ms']:.3f}",
+                             f"{v['call_ms'] / pinned['ready_ms'] * 100:.1f}%",
+                             f"{v['ready_ms'] / pinned['ready_ms']:.2f}×"])
+        out.append(table("3. Moves to the GPU (host-resident source)",
+                         ["size", "method", "call ms", "data ready ms", "call / pinned",
+                          "ready / pinned"], rows))
+    c = results.get("moves_to_cpu", {})
+    if c.get("torch") and c.get("torch_uvm"):
+        rows = []
+        for size in c["torch"]:
+            merged = {**c["torch"][size], **c["torch_uvm"][size]}
+            for name, v in merged.items():
+                rows.append([human(size), name, f"{v['ms']:.2f}", f"{v['GBps']:.1f}"])
+        out.append(table("4. Moves to the CPU, then a CPU read of all data",
+                         ["size", "method", "ms", "GB/s"], rows))
+    f = results.get("faults", {}).get("torch_uvm")
+    if f:
+        rows = [[k, f"{v['ms']:.2f}", f"{v['GBps']:.1f}"] for k, v in f.items()]
+        out.append(table("5. First kernel over 512 MiB of host-resident managed data",
+                         ["mode", "ms", "GB/s"], rows))
+    return "\n".join(out)
+
+
+def plot(results, out_dir):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plots")
+        return
+    a = results.get("alloc", {})
+    if a.get("torch"):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        keys = [k for k in a["torch"] if k.isdigit()]
+        for peer in PLAN["alloc"]:
+            if a.get(peer):
+                ax.plot([human(k) for k in keys], [a[peer][k] for k in keys], marker="o", label=peer)
+        ax.set_yscale("log")
+        ax.set_ylabel("µs per torch.empty + del (median)")
+        ax.set_title("Allocation cost")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "alloc.png"))
+    g = results.get("moves_to_gpu", {})
+    if g.get("torch") and g.get("torch_uvm"):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        sizes = list(g["torch"])
+        names = list(g["torch"][sizes[0]]) + list(g["torch_uvm"][sizes[0]])
+        for name in names:
+            src = g["torch"] if name in g["torch"][sizes[0]] else g["torch_uvm"]
+            ax.plot([human(s) for s in sizes], [src[s][name]["ready_ms"] for s in sizes],
+                    marker="o", label=f"{name} (ready)")
+        ax.set_yscale("log")
+        ax.set_ylabel("ms until a kernel has read the data")
+        ax.set_title("Moves to the GPU")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "moves_to_gpu.png"))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--only", default=",".join(PLAN))
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    results = {}
+    for workload in args.only.split(","):
+        print(f"[{workload}]", flush=True)
+        results[workload] = {}
+        for allocator in PLAN[workload]:
+            results[workload][allocator] = run_one(allocator, workload)
+    import torch
+    header = (f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; "
+              f"CUDA {torch.version.cuda}; {time.strftime('%Y-%m-%d %H:%M')}\n"
+              f"Command: python benchmarks/run.py --only {args.only}\n")
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    text = header + "\n" + report(results)
+    print(text)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(text)
+    plot(results, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""The workloads timed by run.py, each run in a fresh process with one
+allocator (PyTorch can choose its CUDA allocator only once per process).
+
+    python workloads.py ALLOCATOR WORKLOAD  -> prints one JSON line
+
+ALLOCATOR: torch (CUDACachingAllocator), raw_managed (cudaMallocManaged per
+call), torch_uvm, cupy (CuPy MemoryPool over malloc_managed; allocation only).
+"""
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MiB = 1 << 20
+
+
+def setup(allocator):
+    if allocator == "raw_managed":
+        so = os.path.join(os.environ.get("BENCH_BUILD", "/tmp"), "raw_managed_alloc.so")
+        torch.cuda.memory.change_current_allocator(
+            torch.cuda.memory.CUDAPluggableAllocator(so, "raw_alloc", "raw_free"))
+    elif allocator == "torch_uvm":
+        sys.path.insert(0, os.path.dirname(HERE))
+        import torch_uvm
+        torch_uvm.set_enabled_uvm(True)
+
+
+def median_us(fn, iters, warmup=20):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def alloc(allocator):
+    sizes = [512, 4096, MiB, 64 * MiB, 256 * MiB]
+    out = {}
+    if allocator == "cupy":
+        import cupy
+        pool = cupy.cuda.MemoryPool(cupy.cuda.malloc_managed)
+        cupy.cuda.set_allocator(pool.malloc)
+        for n in sizes:
+            def step():
+                a = cupy.empty(n, dtype=cupy.uint8)
+                del a
+            out[str(n)] = median_us(step, 2000 if n < 64 * MiB else 300)
+        return out
+    for n in sizes:
+        def step():
+            a = torch.empty(n, dtype=torch.uint8, device="cuda")
+            del a
+        out[str(n)] = median_us(step, 2000 if n < 64 * MiB else 300)
+    # A mixed trace: the sizes of one MLP training step's allocations, replayed.
+    trace = [256 * 1024 * 4, 1024 * 1024 * 4, 1024 * 4, 256 * 4, 4] * 8
+    def mixed():
+        live = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in trace]
+        del live
+    out["mixed_trace_per_alloc"] = median_us(mixed, 300) / len(trace)
+    return out
+
+
+def mlp():
+    layers = []
+    for _ in range(8):
+        layers += [torch.nn.Linear(1024, 1024), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers).cuda(), (lambda: torch.randn(256, 1024, device="cuda"))
+
+
+def transformer():
+    layer = torch.nn.TransformerEncoderLayer(d_model=256, nhead=8, dim_feedforward=1024,
+                                             batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, num_layers=4).cuda()
+    return model, (lambda: torch.randn(32, 128, 256, device="cuda"))
+
+
+def train(allocator):
+    out = {}
+    for name, make in (("mlp", mlp), ("transformer", transformer)):
+        torch.manual_seed(0)
+        model, batch = make()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+        def step():
+            loss = model(batch()).square().mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            torch.cuda.synchronize()
+        out[name] = median_us(step, 50, warmup=10) / 1e3  # ms
+    return out
+
+
+def moves_to_gpu(allocator):
+    """Host time of the call and time until a kernel has read everything."""
+    out = {}
+    for n in (MiB, 64 * MiB, 1024 * MiB):
+        reps = 5 if n >= 1024 * MiB else 20
+        res = {}
+        variants = {}
+        if allocator == "torch_uvm":
+            src = torch.empty(n // 4)  # managed, CPU home
+            def uvm(src=src):
+                return src.to("cuda", non_blocking=True)
+            variants["torch_uvm"] = (src, uvm)
+            import torch_uvm
+
+            def naive(src=src):
+                torch_uvm.set_move_advice(True)
+                try:
+                    return src.to("cuda", non_blocking=True)
+                finally:
+                    torch_uvm.set_move_advice(False)
+            variants["naive_advise_prefetch"] = (src, naive)
+        else:
+            pinned = torch.empty(n // 4).pin_memory()
+            variants["pinned_copy"] = (pinned, lambda p=pinned: p.to("cuda", non_blocking=True))
+            pageable = torch.empty(n // 4)
+            variants["pageable_copy"] = (pageable, lambda p=pageable: p.to("cuda"))
+        for name, (src, fn) in variants.items():
+            call, ready = [], []
+            for _ in range(reps):
+                src.fill_(1.0)          # on the CPU: the pages are host-resident again
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                dst = fn()
+                t1 = time.perf_counter()
+                s = dst.sum()
+                torch.cuda.synchronize()
+                t2 = time.perf_counter()
+                assert s.item() == n // 4
+                call.append((t1 - t0) * 1e3)
+                ready.append((t2 - t0) * 1e3)
+                del dst, s
+            res[name] = {"call_ms": statistics.median(call), "ready_ms": statistics.median(ready)}
+        out[str(n)] = res
+    return out
+
+
+def moves_to_cpu(allocator):
+    out = {}
+    for n in (64 * MiB, 1024 * MiB):
+        reps = 5
+        res = {}
+        if allocator == "torch_uvm":
+            src = torch.empty(n // 4, device="cuda")
+            variants = {"torch_uvm": (src, lambda s=src: s.to("cpu"))}
+        else:
+            src = torch.empty(n // 4, device="cuda")
+            pinned = torch.empty(n // 4).pin_memory()
+            variants = {
+                "pinned_copy": (src, lambda s=src, p=pinned: (p.copy_(s, non_blocking=True), torch.cuda.synchronize())[0]),
+                "pageable_copy": (src, lambda s=src: s.to("cpu")),
+            }
+        for name, (s, fn) in variants.items():
+            times = []
+            for _ in range(reps):
+                s.fill_(1.0)            # on the GPU: pages device-resident
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                host = fn()
+                total = host.sum().item()   # a CPU read of all the data
+                times.append(time.perf_counter() - t0)
+                assert total == n // 4
+                del host
+            t = statistics.median(times)
+            res[name] = {"ms": t * 1e3, "GBps": n / t / 1e9}
+        out[str(n)] = res
+    return out
+
+
+def faults(allocator):
+    """First kernel over host-resident managed data: page faults vs prefetch."""
+    import torch_uvm
+    n = 512 * MiB
+    res = {}
+    for mode in ("page_faults", "prefetch", "read_mostly_prefetch", "device_resident"):
+        times = []
+        for _ in range(5):
+            y = torch.empty(n // 4, device="cuda")
+            x = y.to("cpu")            # zero-copy, migrated to the host
+            x.fill_(1.0)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            if mode == "prefetch":
+                torch_uvm.prefetch(y, "cuda")
+            elif mode == "read_mostly_prefetch":
+                torch_uvm.advise(y, "read_mostly")
+                torch_uvm.prefetch(y, "cuda")
+            elif mode == "device_resident":
+                torch_uvm.prefetch(y, "cuda")
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+            s = y.sum()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            assert s.item() == n // 4
+            del x, y, s
+        t = statistics.median(times)
+        res[mode] = {"ms": t * 1e3, "GBps": n / t / 1e9}
+    return res
+
+
+if __name__ == "__main__":
+    allocator, workload = sys.argv[1], sys.argv[2]
+    if allocator != "cupy":
+        setup(allocator)
+    result = globals()[workload](allocator)
+    print(json.dumps({"allocator": allocator, "workload": workload, "result": result}))

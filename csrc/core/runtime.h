@@ -1,0 +1,46 @@
+// The runtime interface: the only door through which the allocator reaches a
+// driver. It holds exactly the calls the caching policy needs, so that the policy
+// is tested on host memory (HostRuntime) and runs on CUDA or HIP (GpuRuntime)
+// unchanged. Implementations report failures by throwing RuntimeError, except
+// allocate_managed, which returns nullptr when the device is out of memory so the
+// caller can release its cache and retry.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "core/types.h"
+
+namespace torch_uvm {
+
+class Runtime {
+ public:
+  virtual ~Runtime() = default;
+
+  virtual std::string name() const = 0;
+
+  // Managed memory. allocate_managed returns nullptr on out-of-memory.
+  virtual void* allocate_managed(std::size_t bytes) = 0;
+  virtual void free_managed(void* ptr) = 0;
+
+  // Hints and migration. prefetch is ordered on `stream`.
+  virtual void advise(const void* ptr, std::size_t bytes, Advice advice,
+                      DeviceIndex device) = 0;
+  virtual void prefetch(const void* ptr, std::size_t bytes, DeviceIndex target,
+                        StreamRef stream) = 0;
+
+  // Events, used to learn when work queued on a stream before a free is done.
+  virtual EventHandle create_event(DeviceIndex device) = 0;
+  virtual void destroy_event(EventHandle event) = 0;
+  virtual void record_event(EventHandle event, StreamRef stream) = 0;
+  virtual bool query_event(EventHandle event) = 0;  // true once complete
+  virtual void synchronize_event(EventHandle event) = 0;
+  virtual void stream_wait_event(StreamRef stream, EventHandle event) = 0;
+
+  // Devices.
+  virtual int device_count() = 0;
+  virtual DeviceIndex current_device() = 0;
+  virtual DeviceMemoryInfo memory_info(DeviceIndex device) = 0;
+};
+
+}  // namespace torch_uvm

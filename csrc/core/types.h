@@ -1,0 +1,55 @@
+// Vocabulary shared by the policy and the runtimes: where memory lives and which
+// stream orders its use. Nothing here depends on CUDA, HIP or torch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace torch_uvm {
+
+// A processor that managed memory can live on or be used from.
+// -1 is the CPU (the same value as cudaCpuDeviceId); 0..N-1 are GPUs.
+using DeviceIndex = int;
+constexpr DeviceIndex kCpuDevice = -1;
+
+// A stream is a runtime handle (cudaStream_t / hipStream_t bit pattern) plus the
+// device it belongs to: the null stream 0 exists once per device, so the handle
+// alone does not name a stream. CPU work is ordered on {kCpuDevice, 0}.
+struct StreamRef {
+  DeviceIndex device = kCpuDevice;
+  std::uintptr_t handle = 0;
+
+  bool operator==(const StreamRef& o) const {
+    return device == o.device && handle == o.handle;
+  }
+  bool operator!=(const StreamRef& o) const { return !(*this == o); }
+  bool operator<(const StreamRef& o) const {
+    return device != o.device ? device < o.device : handle < o.handle;
+  }
+};
+
+constexpr StreamRef kHostStream{kCpuDevice, 0};
+
+// The hints of cudaMemAdvise / hipMemAdvise.
+enum class Advice {
+  kSetReadMostly,
+  kUnsetReadMostly,
+  kSetPreferredLocation,
+  kUnsetPreferredLocation,
+  kSetAccessedBy,
+  kUnsetAccessedBy,
+};
+
+// An opaque event owned by a Runtime.
+using EventHandle = void*;
+
+struct DeviceMemoryInfo {
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+};
+
+std::string device_name(DeviceIndex device);  // "cpu", "cuda:0"
+std::string advice_name(Advice advice);
+
+}  // namespace torch_uvm

@@ -1,0 +1,117 @@
+// The one place that hides the differences between CUDA 12, CUDA 13 and HIP.
+// gpu_runtime.cpp speaks only the gpu* names below.
+//  - CUDA 13 removed the int-device forms of cudaMemAdvise and
+//    cudaMemPrefetchAsync: they take a cudaMemLocation (and prefetch a flags
+//    argument). CUDA 12 has both; HIP has only the int forms.
+//  - The CPU is device -1 (cudaCpuDeviceId / hipCpuDeviceId) in the int forms
+//    and a cudaMemLocationTypeHost location in the new ones.
+#pragma once
+
+#if defined(TORCH_UVM_USE_HIP)
+#include <hip/hip_runtime_api.h>
+
+using gpuError_t = hipError_t;
+using gpuStream_t = hipStream_t;
+using gpuEvent_t = hipEvent_t;
+using gpuMemoryAdvise = hipMemoryAdvise;
+constexpr gpuError_t gpuSuccess = hipSuccess;
+constexpr gpuError_t gpuErrorNotReady = hipErrorNotReady;
+constexpr gpuError_t gpuErrorMemoryAllocation = hipErrorOutOfMemory;
+constexpr int gpuCpuDeviceId = hipCpuDeviceId;
+#define TORCH_UVM_GPU_API_NAME "HIP"
+#define gpuGetErrorString hipGetErrorString
+#define gpuGetLastError hipGetLastError
+#define gpuMallocManaged(p, n) hipMallocManaged((p), (n), hipMemAttachGlobal)
+#define gpuFree hipFree
+#define gpuEventCreateWithFlags hipEventCreateWithFlags
+#define gpuEventDisableTiming hipEventDisableTiming
+#define gpuEventDestroy hipEventDestroy
+#define gpuEventRecord hipEventRecord
+#define gpuEventQuery hipEventQuery
+#define gpuEventSynchronize hipEventSynchronize
+#define gpuStreamWaitEvent(s, e) hipStreamWaitEvent((s), (e), 0)
+#define gpuGetDeviceCount hipGetDeviceCount
+#define gpuGetDevice hipGetDevice
+#define gpuSetDevice hipSetDevice
+#define gpuMemGetInfo hipMemGetInfo
+#define gpuMemAdviseSetReadMostly hipMemAdviseSetReadMostly
+#define gpuMemAdviseUnsetReadMostly hipMemAdviseUnsetReadMostly
+#define gpuMemAdviseSetPreferredLocation hipMemAdviseSetPreferredLocation
+#define gpuMemAdviseUnsetPreferredLocation hipMemAdviseUnsetPreferredLocation
+#define gpuMemAdviseSetAccessedBy hipMemAdviseSetAccessedBy
+#define gpuMemAdviseUnsetAccessedBy hipMemAdviseUnsetAccessedBy
+
+inline gpuError_t gpuMemAdviseTo(const void* p, size_t n, gpuMemoryAdvise a,
+                                 int device) {
+  return hipMemAdvise(p, n, a, device);
+}
+inline gpuError_t gpuMemPrefetchTo(const void* p, size_t n, int device,
+                                   gpuStream_t s) {
+  return hipMemPrefetchAsync(p, n, device, s);
+}
+
+#else
+#include <cuda_runtime_api.h>
+
+using gpuError_t = cudaError_t;
+using gpuStream_t = cudaStream_t;
+using gpuEvent_t = cudaEvent_t;
+using gpuMemoryAdvise = cudaMemoryAdvise;
+constexpr gpuError_t gpuSuccess = cudaSuccess;
+constexpr gpuError_t gpuErrorNotReady = cudaErrorNotReady;
+constexpr gpuError_t gpuErrorMemoryAllocation = cudaErrorMemoryAllocation;
+constexpr int gpuCpuDeviceId = cudaCpuDeviceId;
+#define TORCH_UVM_GPU_API_NAME "CUDA"
+#define gpuGetErrorString cudaGetErrorString
+#define gpuGetLastError cudaGetLastError
+#define gpuMallocManaged(p, n) cudaMallocManaged((p), (n), cudaMemAttachGlobal)
+#define gpuFree cudaFree
+#define gpuEventCreateWithFlags cudaEventCreateWithFlags
+#define gpuEventDisableTiming cudaEventDisableTiming
+#define gpuEventDestroy cudaEventDestroy
+#define gpuEventRecord cudaEventRecord
+#define gpuEventQuery cudaEventQuery
+#define gpuEventSynchronize cudaEventSynchronize
+#define gpuStreamWaitEvent(s, e) cudaStreamWaitEvent((s), (e), 0)
+#define gpuGetDeviceCount cudaGetDeviceCount
+#define gpuGetDevice cudaGetDevice
+#define gpuSetDevice cudaSetDevice
+#define gpuMemGetInfo cudaMemGetInfo
+#define gpuMemAdviseSetReadMostly cudaMemAdviseSetReadMostly
+#define gpuMemAdviseUnsetReadMostly cudaMemAdviseUnsetReadMostly
+#define gpuMemAdviseSetPreferredLocation cudaMemAdviseSetPreferredLocation
+#define gpuMemAdviseUnsetPreferredLocation cudaMemAdviseUnsetPreferredLocation
+#define gpuMemAdviseSetAccessedBy cudaMemAdviseSetAccessedBy
+#define gpuMemAdviseUnsetAccessedBy cudaMemAdviseUnsetAccessedBy
+
+#if CUDART_VERSION >= 13000
+inline cudaMemLocation gpuLocation(int device) {
+  cudaMemLocation loc{};
+  if (device == cudaCpuDeviceId) {
+    loc.type = cudaMemLocationTypeHost;
+    loc.id = 0;
+  } else {
+    loc.type = cudaMemLocationTypeDevice;
+    loc.id = device;
+  }
+  return loc;
+}
+inline gpuError_t gpuMemAdviseTo(const void* p, size_t n, gpuMemoryAdvise a,
+                                 int device) {
+  return cudaMemAdvise(p, n, a, gpuLocation(device));
+}
+inline gpuError_t gpuMemPrefetchTo(const void* p, size_t n, int device,
+                                   gpuStream_t s) {
+  return cudaMemPrefetchAsync(p, n, gpuLocation(device), 0, s);
+}
+#else
+inline gpuError_t gpuMemAdviseTo(const void* p, size_t n, gpuMemoryAdvise a,
+                                 int device) {
+  return cudaMemAdvise(p, n, a, device);
+}
+inline gpuError_t gpuMemPrefetchTo(const void* p, size_t n, int device,
+                                   gpuStream_t s) {
+  return cudaMemPrefetchAsync(p, n, device, s);
+}
+#endif
+#endif

@@ -1,0 +1,157 @@
+#include "runtime/gpu_runtime.h"
+
+#include "core/errors.h"
+#include "runtime/gpu_compat.h"
+
+namespace torch_uvm {
+namespace {
+
+void check(gpuError_t err, const char* call) {
+  if (err != gpuSuccess) {
+    (void)gpuGetLastError();  // clear the sticky-free error state
+    throw RuntimeError(std::string("torch_uvm: ") + call + " failed: " +
+                       gpuGetErrorString(err));
+  }
+}
+#define GPU_CHECK(expr) check((expr), #expr)
+
+gpuMemoryAdvise to_native(Advice a) {
+  switch (a) {
+    case Advice::kSetReadMostly: return gpuMemAdviseSetReadMostly;
+    case Advice::kUnsetReadMostly: return gpuMemAdviseUnsetReadMostly;
+    case Advice::kSetPreferredLocation: return gpuMemAdviseSetPreferredLocation;
+    case Advice::kUnsetPreferredLocation: return gpuMemAdviseUnsetPreferredLocation;
+    case Advice::kSetAccessedBy: return gpuMemAdviseSetAccessedBy;
+    case Advice::kUnsetAccessedBy: return gpuMemAdviseUnsetAccessedBy;
+  }
+  throw InvalidArgument("unknown advice");
+}
+
+int native_device(DeviceIndex d) { return d == kCpuDevice ? gpuCpuDeviceId : d; }
+
+gpuStream_t native_stream(StreamRef s) {
+  return reinterpret_cast<gpuStream_t>(s.handle);
+}
+
+// Runs `f` with `device` current, restoring the previous device: events and
+// streams belong to a device.
+template <typename F>
+auto on_device(DeviceIndex device, F f) {
+  int previous = 0;
+  GPU_CHECK(gpuGetDevice(&previous));
+  if (device == kCpuDevice || device == previous) return f();
+  GPU_CHECK(gpuSetDevice(device));
+  struct Restore {
+    int d;
+    ~Restore() { (void)gpuSetDevice(d); }
+  } restore{previous};
+  return f();
+}
+
+}  // namespace
+
+std::string GpuRuntime::name() const { return TORCH_UVM_GPU_API_NAME; }
+
+void* GpuRuntime::allocate_managed(std::size_t bytes) {
+  void* p = nullptr;
+  gpuError_t err = gpuMallocManaged(&p, bytes);
+  if (err == gpuErrorMemoryAllocation) {
+    (void)gpuGetLastError();
+    return nullptr;
+  }
+  check(err, "gpuMallocManaged");
+  return p;
+}
+
+void GpuRuntime::free_managed(void* ptr) { GPU_CHECK(gpuFree(ptr)); }
+
+void GpuRuntime::advise(const void* ptr, std::size_t bytes, Advice advice,
+                        DeviceIndex device) {
+  GPU_CHECK(gpuMemAdviseTo(ptr, bytes, to_native(advice), native_device(device)));
+}
+
+void GpuRuntime::prefetch(const void* ptr, std::size_t bytes, DeviceIndex target,
+                          StreamRef stream) {
+  on_device(stream.device, [&] {
+    GPU_CHECK(gpuMemPrefetchTo(ptr, bytes, native_device(target),
+                               native_stream(stream)));
+    return 0;
+  });
+}
+
+EventHandle GpuRuntime::create_event(DeviceIndex device) {
+  return on_device(device, [] {
+    gpuEvent_t e = nullptr;
+    GPU_CHECK(gpuEventCreateWithFlags(&e, gpuEventDisableTiming));
+    return static_cast<EventHandle>(e);
+  });
+}
+
+void GpuRuntime::destroy_event(EventHandle event) {
+  GPU_CHECK(gpuEventDestroy(static_cast<gpuEvent_t>(event)));
+}
+
+void GpuRuntime::record_event(EventHandle event, StreamRef stream) {
+  on_device(stream.device, [&] {
+    GPU_CHECK(gpuEventRecord(static_cast<gpuEvent_t>(event), native_stream(stream)));
+    return 0;
+  });
+}
+
+bool GpuRuntime::query_event(EventHandle event) {
+  gpuError_t err = gpuEventQuery(static_cast<gpuEvent_t>(event));
+  if (err == gpuErrorNotReady) {
+    (void)gpuGetLastError();
+    return false;
+  }
+  check(err, "gpuEventQuery");
+  return true;
+}
+
+void GpuRuntime::synchronize_event(EventHandle event) {
+  GPU_CHECK(gpuEventSynchronize(static_cast<gpuEvent_t>(event)));
+}
+
+void GpuRuntime::stream_wait_event(StreamRef stream, EventHandle event) {
+  on_device(stream.device, [&] {
+    GPU_CHECK(gpuStreamWaitEvent(native_stream(stream), static_cast<gpuEvent_t>(event)));
+    return 0;
+  });
+}
+
+int GpuRuntime::device_count() {
+  int n = 0;
+  gpuError_t err = gpuGetDeviceCount(&n);
+  if (err != gpuSuccess) {
+    (void)gpuGetLastError();  // no driver or no device: zero GPUs
+    return 0;
+  }
+  return n;
+}
+
+DeviceIndex GpuRuntime::current_device() {
+  int d = 0;
+  GPU_CHECK(gpuGetDevice(&d));
+  return d;
+}
+
+DeviceMemoryInfo GpuRuntime::memory_info(DeviceIndex device) {
+  return on_device(device, [] {
+    std::size_t free_bytes = 0, total = 0;
+    GPU_CHECK(gpuMemGetInfo(&free_bytes, &total));
+    return DeviceMemoryInfo{free_bytes, total};
+  });
+}
+
+bool GpuRuntime::concurrent_managed_access(DeviceIndex device) {
+#if defined(TORCH_UVM_USE_HIP)
+  int v = 0;
+  GPU_CHECK(hipDeviceGetAttribute(&v, hipDeviceAttributeConcurrentManagedAccess, device));
+#else
+  int v = 0;
+  GPU_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrConcurrentManagedAccess, device));
+#endif
+  return v != 0;
+}
+
+}  // namespace torch_uvm

@@ -1,0 +1,136 @@
+#include "runtime/host_runtime.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "core/errors.h"
+
+namespace torch_uvm {
+
+HostRuntime::HostRuntime(int devices, std::size_t memory_per_device)
+    : devices_(devices), memory_per_device_(memory_per_device) {}
+
+HostRuntime::~HostRuntime() {
+  for (auto& [ptr, size] : live_) std::free(ptr);
+  for (Event* e : events_) delete e;
+}
+
+void* HostRuntime::allocate_managed(std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++counters_.allocations;
+  if (fail_next_ > 0) {
+    --fail_next_;
+    return nullptr;
+  }
+  if (bytes > memory_per_device_ || in_use_ > memory_per_device_ - bytes) {
+    return nullptr;
+  }
+  // 2 MiB alignment, like cudaMallocManaged's large pages; rounded so that
+  // aligned_alloc's size rule holds.
+  constexpr std::size_t kAlign = 2u << 20;
+  std::size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+  void* p = std::aligned_alloc(kAlign, rounded);
+  if (p == nullptr) return nullptr;
+  live_[p] = bytes;
+  in_use_ += bytes;
+  return p;
+}
+
+void HostRuntime::free_managed(void* ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++counters_.frees;
+  auto it = live_.find(ptr);
+  if (it == live_.end()) {
+    throw RuntimeError("HostRuntime::free_managed: unknown pointer");
+  }
+  in_use_ -= it->second;
+  live_.erase(it);
+  std::free(ptr);
+}
+
+void HostRuntime::advise(const void* ptr, std::size_t, Advice advice,
+                         DeviceIndex device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++counters_.advises;
+  advice_[ptr].emplace_back(advice, device);
+}
+
+void HostRuntime::prefetch(const void*, std::size_t, DeviceIndex, StreamRef) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++counters_.prefetches;
+}
+
+EventHandle HostRuntime::create_event(DeviceIndex) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++counters_.events_created;
+  auto* e = new Event();
+  events_.insert(e);
+  return e;
+}
+
+void HostRuntime::destroy_event(EventHandle event) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++counters_.events_destroyed;
+  auto* e = static_cast<Event*>(event);
+  events_.erase(e);
+  delete e;
+}
+
+void HostRuntime::record_event(EventHandle event, StreamRef stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++counters_.event_records;
+  auto* e = static_cast<Event*>(event);
+  e->complete = auto_complete_;
+  e->stream = stream;
+}
+
+bool HostRuntime::query_event(EventHandle event) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++counters_.event_queries;
+  return static_cast<Event*>(event)->complete;
+}
+
+void HostRuntime::synchronize_event(EventHandle event) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++counters_.event_syncs;
+  static_cast<Event*>(event)->complete = true;  // "waiting" finishes the work
+}
+
+void HostRuntime::stream_wait_event(StreamRef, EventHandle) {}
+
+DeviceMemoryInfo HostRuntime::memory_info(DeviceIndex) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {memory_per_device_ - in_use_, memory_per_device_};
+}
+
+void HostRuntime::set_auto_complete_events(bool on) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto_complete_ = on;
+}
+
+void HostRuntime::complete_events(const StreamRef* stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (Event* e : events_) {
+    if (stream == nullptr || e->stream == *stream) e->complete = true;
+  }
+}
+
+HostRuntime::Counters HostRuntime::counters() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return counters_;
+}
+
+std::size_t HostRuntime::bytes_in_use() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return in_use_;
+}
+
+std::vector<std::pair<Advice, DeviceIndex>> HostRuntime::advice_for(
+    const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = advice_.find(ptr);
+  return it == advice_.end() ? std::vector<std::pair<Advice, DeviceIndex>>{}
+                             : it->second;
+}
+
+}  // namespace torch_uvm

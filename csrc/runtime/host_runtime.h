@@ -1,0 +1,76 @@
+// HostRuntime: the Runtime over plain host memory, so that the caching policy
+// is tested without a GPU. It counts every call (a cache hit must make none),
+// can be told how much "device" memory exists, can fail allocations on
+// demand, and hands events whose completion the test controls.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "core/runtime.h"
+
+namespace torch_uvm {
+
+class HostRuntime : public Runtime {
+ public:
+  struct Counters {
+    std::size_t allocations = 0, frees = 0, advises = 0, prefetches = 0,
+                event_records = 0, event_queries = 0, event_syncs = 0,
+                events_created = 0, events_destroyed = 0;
+  };
+
+  // `devices` fake GPUs, each with `memory_per_device` bytes free.
+  explicit HostRuntime(int devices = 1, std::size_t memory_per_device = 1ull << 30);
+  ~HostRuntime() override;
+
+  std::string name() const override { return "host"; }
+  void* allocate_managed(std::size_t bytes) override;
+  void free_managed(void* ptr) override;
+  void advise(const void* ptr, std::size_t bytes, Advice advice,
+              DeviceIndex device) override;
+  void prefetch(const void* ptr, std::size_t bytes, DeviceIndex target,
+                StreamRef stream) override;
+  EventHandle create_event(DeviceIndex device) override;
+  void destroy_event(EventHandle event) override;
+  void record_event(EventHandle event, StreamRef stream) override;
+  bool query_event(EventHandle event) override;
+  void synchronize_event(EventHandle event) override;
+  void stream_wait_event(StreamRef stream, EventHandle event) override;
+  int device_count() override { return devices_; }
+  DeviceIndex current_device() override { return 0; }
+  DeviceMemoryInfo memory_info(DeviceIndex device) override;
+
+  // --- test controls ---
+  // When false, recorded events stay incomplete until complete_events().
+  void set_auto_complete_events(bool on);
+  // Completes every event recorded so far on `stream` (all streams if null).
+  void complete_events(const StreamRef* stream = nullptr);
+  // The next `n` allocate_managed calls return nullptr (device OOM).
+  void fail_next_allocations(int n) { fail_next_ = n; }
+  Counters counters() const;
+  std::size_t bytes_in_use() const;
+  // Everything advise() was told for ranges starting at `ptr`.
+  std::vector<std::pair<Advice, DeviceIndex>> advice_for(const void* ptr) const;
+
+ private:
+  struct Event {
+    bool complete = true;
+    StreamRef stream;
+  };
+  const int devices_;
+  const std::size_t memory_per_device_;
+  mutable std::mutex mutex_;
+  bool auto_complete_ = true;
+  std::atomic<int> fail_next_{0};
+  std::map<void*, std::size_t> live_;
+  std::size_t in_use_ = 0;
+  std::set<Event*> events_;
+  std::map<const void*, std::vector<std::pair<Advice, DeviceIndex>>> advice_;
+  Counters counters_;
+};
+
+}  // namespace torch_uvm

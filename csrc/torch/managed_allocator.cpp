@@ -1,0 +1,60 @@
+#include "torch/managed_allocator.h"
+
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+
+#include <c10/core/CPUAllocator.h>
+
+#include <array>
+#include <mutex>
+
+#include "torch/state.h"
+#include "torch_uvm/torch_uvm.h"
+
+namespace torch_uvm {
+
+StreamRef current_stream_ref(c10::Device device) {
+  if (!device.is_cuda()) return kHostStream;
+  auto stream = c10::cuda::getCurrentCUDAStream(device.index());
+  return {device.index(), reinterpret_cast<std::uintptr_t>(stream.stream())};
+}
+
+c10::DataPtr ManagedAllocator::allocate(size_t nbytes) {
+  if (device_.is_cpu() && in_forked_child()) {
+    // No CUDA after fork: DataLoader workers get ordinary memory.
+    return c10::GetDefaultCPUAllocator()->allocate(nbytes);
+  }
+  auto& a = allocator();
+  DeviceIndex home = device_.is_cpu() ? kCpuDevice : device_.index();
+  void* p = translate_errors([&] { return a.allocate(nbytes, home, current_stream_ref(device_)); });
+  return {p, p, &ManagedAllocator::free_managed, device_};
+}
+
+void ManagedAllocator::free_managed(void* ptr) {
+  if (ptr == nullptr || in_forked_child()) return;  // the parent owns it
+  auto* a = allocator_if_created();
+  if (a == nullptr) return;
+  try {
+    a->free(ptr);
+  } catch (const std::exception& e) {
+    // A deleter must not throw; report the bug instead of losing it.
+    TORCH_WARN("torch_uvm: ", e.what());
+  }
+}
+
+ManagedAllocator* ManagedAllocator::for_device(c10::Device device) {
+  static std::mutex mutex;
+  static std::array<ManagedAllocator*, 1 + 64> table{};
+  TORCH_CHECK(device.is_cpu() || device.is_cuda(),
+              "torch_uvm: managed memory is for cpu and cuda tensors, not ", device);
+  int slot = device.is_cpu() ? 0 : 1 + device.index();
+  TORCH_CHECK_INDEX(slot >= 0 && slot < static_cast<int>(table.size()),
+                    "torch_uvm: device index out of range: ", device);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (table[slot] == nullptr) {
+    table[slot] = new ManagedAllocator(device.is_cpu() ? c10::Device(c10::kCPU) : device);
+  }
+  return table[slot];
+}
+
+}  // namespace torch_uvm

@@ -1,0 +1,102 @@
+#include "torch/state.h"
+
+#include <c10/util/Exception.h>
+#include <pthread.h>
+
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+
+#include "core/config.h"
+#include "core/errors.h"
+#include "runtime/gpu_runtime.h"
+#include "torch_uvm/torch_uvm.h"
+
+namespace torch_uvm {
+namespace {
+
+std::atomic<CachingManagedAllocator*> g_allocator{nullptr};
+std::atomic<bool> g_forked_child{false};
+std::atomic<bool> g_hints{true};
+std::mutex g_create_mutex;
+
+void mark_forked_child() { g_forked_child = true; }
+
+}  // namespace
+
+CachingManagedAllocator* allocator_if_created() { return g_allocator.load(); }
+
+bool in_forked_child() { return g_forked_child.load(std::memory_order_relaxed); }
+
+bool managed_hints_supported() { return g_hints.load(); }
+
+CachingManagedAllocator& allocator() {
+  if (auto* a = g_allocator.load()) return *a;
+  std::lock_guard<std::mutex> lock(g_create_mutex);
+  if (auto* a = g_allocator.load()) return *a;
+  TORCH_CHECK(!in_forked_child(),
+              "torch_uvm: managed memory cannot be used in a forked child "
+              "process; CUDA does not survive fork(). Use the 'spawn' start "
+              "method for processes that need the GPU.");
+  return translate_errors([&]() -> CachingManagedAllocator& {
+    auto runtime = std::make_shared<GpuRuntime>();
+    int devices = runtime->device_count();
+    TORCH_CHECK(devices > 0,
+                "torch_uvm: no CUDA or ROCm device was found; managed memory "
+                "needs a GPU and its driver. Check nvidia-smi / rocm-smi and "
+                "CUDA_VISIBLE_DEVICES.");
+    AllocatorConfig config = config_from_environment();
+    bool hints = true;
+    for (int d = 0; d < devices; ++d) hints = hints && runtime->concurrent_managed_access(d);
+    if (!hints) {
+      TORCH_WARN("torch_uvm: this system lacks concurrentManagedAccess; "
+                 "prefetch and advice are disabled (pages migrate on fault).");
+      config.advise_segments = false;
+    }
+    g_hints = hints;
+    // Leaked on purpose: tensors may outlive static destructors at exit.
+    auto* a = new CachingManagedAllocator(std::move(runtime), config);
+    pthread_atfork(nullptr, nullptr, &mark_forked_child);
+    g_allocator.store(a);
+    return *a;
+  });
+}
+
+void rethrow_as_c10() {
+  try {
+    throw;
+  } catch (const OutOfMemoryError& e) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+  } catch (const InvalidArgument& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  TORCH_CHECK(false, "torch_uvm: unknown error");
+}
+
+std::vector<std::pair<std::string, int64_t>> memory_stats() {
+  auto* a = allocator_if_created();
+  return a ? flatten(a->stats()) : flatten(MemoryStats{});
+}
+
+void empty_cache() {
+  if (auto* a = allocator_if_created()) translate_errors([&] { a->empty_cache(); });
+}
+
+void reset_peak_memory_stats() {
+  if (auto* a = allocator_if_created()) a->reset_peak_stats();
+}
+
+void reset_accumulated_memory_stats() {
+  if (auto* a = allocator_if_created()) a->reset_accumulated_stats();
+}
+
+std::size_t memory_cap() { return allocator().cap(); }
+
+void set_memory_cap(std::size_t bytes, bool allow_oversubscription) {
+  auto& a = allocator();
+  translate_errors([&] { a.set_cap(bytes, allow_oversubscription); });
+}
+
+}  // namespace torch_uvm

@@ -1,0 +1,146 @@
+// A randomized sequence of allocate / free / record_stream / empty_cache from
+// several threads. After every step: the allocator's structural invariants
+// hold (blocks tile their segments, nothing overlaps, pools and maps agree),
+// its statistics match the blocks, every counter is self-consistent, and each
+// live allocation still holds the bytes its owner wrote (so no two live
+// blocks overlap in practice either).
+//
+// TORCH_UVM_STRESS_OPS sets the total operations (default 1,000,000);
+// TORCH_UVM_STRESS_CHECK_EVERY checks every N-th step (default 1).
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "core/errors.h"
+#include "runtimes.h"
+
+namespace torch_uvm::test {
+namespace {
+
+std::size_t env_or(const char* name, std::size_t fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::strtoull(v, nullptr, 10) : fallback;
+}
+
+struct Live {
+  unsigned char* ptr;
+  std::size_t size;
+  uint64_t tag;
+};
+
+void write_tag(const Live& l) {
+  std::memcpy(l.ptr, &l.tag, sizeof(l.tag));
+  std::memcpy(l.ptr + l.size - sizeof(l.tag), &l.tag, sizeof(l.tag));
+}
+
+bool tag_intact(const Live& l) {
+  uint64_t head, tail;
+  std::memcpy(&head, l.ptr, sizeof(head));
+  std::memcpy(&tail, l.ptr + l.size - sizeof(tail), sizeof(tail));
+  return head == l.tag && tail == l.tag;
+}
+
+void check_counters(const MemoryStats& s) {
+  for (const StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split,
+                             &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
+                             &s.inactive_split_bytes, &s.requested_bytes}) {
+    for (const Stat& st : a->pools) {
+      ASSERT_EQ(st.allocated - st.freed, st.current);
+      ASSERT_GE(st.peak, st.current);
+      ASSERT_GE(st.current, 0);
+    }
+  }
+  ASSERT_LE(s.allocated_bytes.all().current, s.active_bytes.all().current);
+  ASSERT_LE(s.active_bytes.all().current + s.inactive_split_bytes.all().current,
+            s.reserved_bytes.all().current);
+  ASSERT_LE(s.reserved_bytes.all().current, s.cap_bytes);
+}
+
+using StressTest = AllocatorTest;
+
+TEST_P(StressTest, RandomizedOperationsFromSeveralThreadsKeepEveryInvariant) {
+  const std::size_t total_ops = env_or("TORCH_UVM_STRESS_OPS", 1000000);
+  const std::size_t check_every = std::max<std::size_t>(1, env_or("TORCH_UVM_STRESS_CHECK_EVERY", 1));
+  constexpr int kThreads = 4;
+  alloc().set_cap(256 * kMiB);
+  auto streams = GetParam().streams(3);
+  const bool host = GetParam().name == "host";
+  if (host) static_cast<HostRuntime&>(*runtime_).set_auto_complete_events(false);
+  std::atomic<std::size_t> ooms{0}, ops_done{0};
+  std::atomic<bool> failed{false};
+
+  auto worker = [&](int id) {
+    std::mt19937_64 rng(1234 + id);
+    std::vector<Live> live;
+    std::uniform_real_distribution<double> log_size(0.0, 25.0);  // 1 B .. 32 MiB
+    const std::size_t my_ops = total_ops / kThreads;
+    for (std::size_t step = 0; step < my_ops && !failed; ++step) {
+      unsigned op = rng() % 100;
+      if (op < 45 || live.empty()) {
+        std::size_t size = std::max<std::size_t>(16, std::size_t(std::exp2(log_size(rng))));
+        DeviceIndex home = (rng() % 4 == 0) ? kCpuDevice : 0;
+        StreamRef stream = home == kCpuDevice ? kHostStream : streams[rng() % streams.size()];
+        try {
+          auto* p = static_cast<unsigned char*>(alloc().allocate(size, home, stream));
+          Live l{p, size, rng()};
+          write_tag(l);
+          live.push_back(l);
+        } catch (const OutOfMemoryError&) {
+          ++ooms;
+        }
+      } else if (op < 90) {
+        std::size_t i = rng() % live.size();
+        if (!tag_intact(live[i])) {
+          failed = true;
+          ADD_FAILURE() << "a live allocation was overwritten";
+        }
+        alloc().free(live[i].ptr);
+        live[i] = live.back();
+        live.pop_back();
+      } else if (op < 97) {
+        alloc().record_stream(live[rng() % live.size()].ptr, streams[rng() % streams.size()]);
+      } else if (op < 99) {
+        GetParam().finish_work(*runtime_);
+      } else if (rng() % 50 == 0) {
+        alloc().empty_cache();
+      }
+      if (step % check_every == 0) {
+        try {
+          alloc().check_invariants();
+        } catch (const std::logic_error& e) {
+          failed = true;
+          ADD_FAILURE() << "step " << step << " of thread " << id << ": " << e.what();
+        }
+        check_counters(alloc().stats());
+      }
+    }
+    for (const Live& l : live) {
+      if (!tag_intact(l)) ADD_FAILURE() << "a live allocation was overwritten";
+      alloc().free(l.ptr);
+    }
+    ops_done += my_ops;
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+  for (auto& t : threads) t.join();
+
+  GetParam().finish_work(*runtime_);
+  alloc().empty_cache();
+  alloc().check_invariants();
+  auto s = alloc().stats();
+  EXPECT_EQ(s.allocated_bytes.all().current, 0);
+  EXPECT_EQ(s.active_bytes.all().current, 0);
+  EXPECT_EQ(s.reserved_bytes.all().current, 0);
+  EXPECT_GT(s.allocation.all().allocated, int64_t(total_ops / 4));
+  std::printf("[ stress   ] %zu ops on %s, %lld allocations, %zu OOMs, peak reserved %s\n",
+              ops_done.load(), GetParam().name.c_str(),
+              static_cast<long long>(s.allocation.all().allocated), ooms.load(),
+              format_bytes(static_cast<std::size_t>(s.reserved_bytes.all().peak)).c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Runtimes, StressTest, testing::ValuesIn(runtime_kinds()), kind_name);
+
+}  // namespace
+}  // namespace torch_uvm::test

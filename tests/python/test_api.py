@@ -1,0 +1,135 @@
+"""What works without a GPU: import, flags, configuration parsing, and every
+error that needs no GPU. Runs in CI."""
+import pytest
+import torch
+
+import torch_uvm
+from conftest import HAS_GPU, run_python
+
+
+def test_public_api_is_documented():
+    for name in torch_uvm.__all__:
+        obj = getattr(torch_uvm, name)
+        if callable(obj):
+            assert obj.__doc__, f"{name} has no docstring"
+
+
+def test_tensor_methods_are_installed():
+    t = torch.zeros(4)
+    for method in ("is_managed", "manage_memory", "unmanage_memory", "uvm_to"):
+        assert hasattr(t, method)
+    # Managed exactly when UVM is on (the GPU session turns it on).
+    assert t.is_managed() is torch_uvm.get_enabled_uvm()
+    assert torch_uvm.is_managed(t.unmanage_memory()) is False
+
+
+def test_flags_round_trip():
+    assert torch_uvm.get_move_on_copy() is True
+    torch_uvm.set_move_on_copy(False)
+    assert torch_uvm.get_move_on_copy() is False
+    torch_uvm.set_move_on_copy(True)
+    assert torch_uvm.get_move_advice() is False
+    torch_uvm.set_move_advice(True)
+    assert torch_uvm.get_move_advice() is True
+    torch_uvm.set_move_advice(False)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="UVM is on in the GPU session")
+def test_stats_have_torch_keys_before_any_allocation():
+    stats = torch_uvm.memory_stats()
+    for key in ("allocated_bytes.all.current", "reserved_bytes.large_pool.peak",
+                "active.small_pool.allocated", "inactive_split_bytes.all.freed",
+                "requested_bytes.all.current", "num_alloc_retries", "num_ooms",
+                "segment.all.current", "allocation.all.peak"):
+        assert stats[key] == 0, key
+    assert "Allocated memory" in torch_uvm.memory_summary()
+    assert torch_uvm.memory_snapshot() == []
+
+
+def test_cpu_ops_unaffected_by_loaded_kernels():
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    y = x.to(torch.float64)
+    assert y.dtype == torch.float64 and torch.equal(y, x.double())
+    z = x.to("cpu", copy=True)
+    assert z.data_ptr() != x.data_ptr() and torch.equal(z, x)
+    assert x.to("cpu") is x
+    w = x.t().to(torch.float64, memory_format=torch.contiguous_format)
+    assert torch.equal(w, x.t().double())
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU error")
+def test_enabling_without_gpu_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="no CUDA or ROCm device was found"):
+        torch_uvm.set_enabled_uvm(True)
+    assert torch_uvm.get_enabled_uvm() is False
+    # Nothing was changed: CPU tensors still come from the default allocator.
+    assert not torch.ones(8).is_managed()
+
+
+def test_disabling_while_off_is_a_no_op():
+    if not torch_uvm.get_enabled_uvm():
+        torch_uvm.set_enabled_uvm(False)
+
+
+def test_set_enabled_requires_a_bool():
+    with pytest.raises(TypeError):
+        torch_uvm.set_enabled_uvm("yes")
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: torch_uvm.prefetch(torch.ones(2).unmanage_memory()), "not managed"),
+    (lambda: torch_uvm.advise(torch.ones(2).unmanage_memory(), "read_mostly"), "not managed"),
+    (lambda: torch_uvm.advise(torch.ones(2), 5), "advice must be a str"),
+    (lambda: torch_uvm.set_memory_cap(1.5), r"\(0, 1\]"),
+    (lambda: torch_uvm.set_memory_cap(-3), "positive"),
+    (lambda: torch_uvm.set_memory_cap("1GB"), "bytes"),
+    (lambda: torch_uvm.set_release_threshold(-1), ">= 0"),
+    (lambda: torch_uvm.manage_memory(torch.ones(2).to_sparse()), "strided"),
+])
+def test_bad_input_is_a_clear_exception(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
+
+
+@pytest.mark.parametrize("conf, match", [
+    ("bogus:1", "unknown option 'bogus'"),
+    ("max_split_size_mb", "expected 'key:value'"),
+    ("max_split_size_mb:-1", "non-negative number"),
+    ("cap_fraction:2", r"\(0, 1\]"),
+    ("allow_oversubscription:perhaps", "expected 1/0"),
+])
+def test_malformed_alloc_conf_is_rejected_at_import(conf, match):
+    result = run_python("import torch_uvm", env={"PYTORCH_UVM_ALLOC_CONF": conf})
+    assert result.returncode != 0
+    assert "ValueError" in result.stderr and "PYTORCH_UVM_ALLOC_CONF" in result.stderr
+    import re
+    assert re.search(match, result.stderr), result.stderr
+
+
+def test_valid_alloc_conf_imports():
+    result = run_python("import torch_uvm",
+                        env={"PYTORCH_UVM_ALLOC_CONF": "max_split_size_mb:128,release_threshold_mb:64"})
+    assert result.returncode == 0, result.stderr
+
+
+def test_malformed_enable_variable_is_rejected():
+    result = run_python("import torch_uvm", env={"PYTORCH_ENABLE_UNIFIED_MEMORY": "maybe"})
+    assert result.returncode != 0
+    assert "PYTORCH_ENABLE_UNIFIED_MEMORY" in result.stderr and "expected 1/0" in result.stderr
+
+
+def test_disabled_environment_values_do_nothing():
+    result = run_python("import torch_uvm; print(torch_uvm.get_enabled_uvm())",
+                        env={"PYTORCH_ENABLE_UNIFIED_MEMORY": "0"})
+    assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU error")
+def test_enable_variable_without_gpu_names_the_problem():
+    result = run_python("import torch_uvm", env={"PYTORCH_ENABLE_UNIFIED_MEMORY": "1"})
+    assert result.returncode != 0 and "no CUDA or ROCm device" in result.stderr
+
+
+def test_options_are_described():
+    lines = torch_uvm._C.describe_options()
+    assert any(line.startswith("max_split_size_mb") for line in lines)

@@ -1,0 +1,198 @@
+"""Managed tensors and zero-copy moves on a GPU (skipped without one).
+UVM is on for this whole session (conftest)."""
+import io
+import pickle
+
+import pytest
+import torch
+
+from conftest import gpu, multigpu
+
+pytestmark = gpu
+
+
+def test_new_cpu_and_cuda_tensors_are_managed(uvm):
+    assert uvm.get_enabled_uvm()
+    cpu, gpu = torch.ones(16), torch.ones(16, device="cuda")
+    assert cpu.is_managed() and gpu.is_managed()
+    stats = uvm.memory_stats()
+    assert stats["allocated_bytes.all.current"] > 0
+
+
+def test_rfc_usage_examples_one_by_one(uvm):
+    tensor = torch.arange(1024, dtype=torch.float16)          # managed, on the CPU
+    forced = tensor.to(device="cpu", dtype=torch.float32, copy=True)  # copy forced
+    assert forced.data_ptr() != tensor.data_ptr() and forced.dtype == torch.float32
+    changed = tensor.to(device="cuda:0", copy=False, dtype=torch.float32)  # dtype change: copy
+    assert changed.device.type == "cuda" and changed.data_ptr() != tensor.data_ptr()
+    assert changed.is_managed()
+    managed = torch.arange(8).unmanage_memory().manage_memory()  # copy to managed
+    assert managed.is_managed()
+    moved = tensor.to(device="cuda:0")                           # same memory
+    assert moved.device == torch.device("cuda", 0) and moved.data_ptr() == tensor.data_ptr()
+    back = moved.to(device="cpu", non_blocking=True)             # no sync issued
+    torch.cuda.synchronize()
+    assert back.data_ptr() == tensor.data_ptr()
+    plain = tensor.unmanage_memory()                             # standard tensor
+    assert not plain.is_managed() and torch.equal(plain, tensor)
+
+
+def test_moves_are_zero_copy_and_bit_exact(uvm):
+    x = torch.randn(1 << 20)
+    reference = x.clone()
+    y = x.to("cuda")
+    assert y.is_cuda and y.data_ptr() == x.data_ptr() and y.is_managed()
+    assert torch.equal(y.cpu(), reference)
+    y.mul_(2)                          # in place on the GPU, seen by the CPU alias
+    torch.cuda.synchronize()
+    assert torch.equal(x, reference * 2)
+    z = y.to("cpu")
+    assert z.data_ptr() == x.data_ptr() and torch.equal(z, reference * 2)
+    assert y.cuda() is y and z.cpu() is z
+
+
+def test_cuda_born_tensor_moves_to_cpu_after_its_kernels(uvm):
+    a = torch.full((4096, 1024), 3.0, device="cuda")
+    b = (a * a).sum(dim=1)             # queued on the current stream
+    c = b.to("cpu")                    # blocking: waits for the kernels
+    assert c.data_ptr() == b.data_ptr()
+    assert torch.all(c == 9.0 * 1024)
+
+
+def test_copy_true_and_set_move_on_copy_false_copy(uvm):
+    x = torch.randn(1000)
+    assert x.to("cuda", copy=True).data_ptr() != x.data_ptr()
+    uvm.set_move_on_copy(False)
+    try:
+        y = x.to("cuda")
+        assert y.data_ptr() != x.data_ptr() and torch.equal(y.cpu(), x)
+        assert y.is_managed()
+        assert x.uvm_to("cuda").data_ptr() == x.data_ptr()   # explicit zero-copy
+    finally:
+        uvm.set_move_on_copy(True)
+
+
+def test_views_slices_and_non_contiguous_keep_offset_and_strides(uvm):
+    base = torch.arange(4 * 6 * 5, dtype=torch.float32).reshape(4, 6, 5)
+    view = base[1:, ::2, 1:4].transpose(0, 2)
+    moved = view.to("cuda")
+    assert moved.data_ptr() == view.data_ptr()
+    assert moved.stride() == view.stride() and moved.storage_offset() == view.storage_offset()
+    assert torch.equal(moved.cpu(), view)
+    assert torch.equal((moved + 1).cpu(), view + 1)
+    moved.zero_()
+    torch.cuda.synchronize()
+    assert base[1:, ::2, 1:4].abs().sum() == 0 and base[0].abs().sum() > 0
+
+
+def test_memory_format_change_copies(uvm):
+    x = torch.randn(2, 3, 4, 5)
+    y = x.to("cuda", memory_format=torch.channels_last)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    assert y.data_ptr() != x.data_ptr() and torch.equal(y.cpu(), x)
+
+
+def test_allocation_outlives_either_side_of_a_move(uvm):
+    x = torch.randn(1 << 16)
+    expected = x.clone()
+    y = x.to("cuda")
+    del x
+    torch.cuda.synchronize()
+    assert torch.equal(y.cpu(), expected)
+    z = torch.randn(1 << 16, device="cuda")
+    w = z.to("cpu")
+    del z
+    assert w.sum().item() == pytest.approx(w.sum().item())
+
+
+def test_autograd_through_moves(uvm):
+    x = torch.randn(64, 32, requires_grad=True)
+    w = torch.randn(32, 16, device="cuda", requires_grad=True)
+    loss = (x.to("cuda") @ w).relu().sum()
+    loss.backward()
+    x_ref = x.detach().clone().requires_grad_(True)
+    w_ref = w.detach().cpu().clone().requires_grad_(True)
+    (x_ref @ w_ref).relu().sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    torch.testing.assert_close(w.grad.cpu(), w_ref.grad)
+    assert x.grad.device.type == "cpu"
+
+
+def test_save_load_and_pickle(uvm, tmp_path):
+    x = torch.randn(100, device="cuda")
+    y = torch.randn(10, 10)
+    path = tmp_path / "t.pt"
+    torch.save({"x": x, "y": y}, path)
+    loaded = torch.load(path)
+    assert torch.equal(loaded["x"], x) and loaded["x"].is_cuda and loaded["x"].is_managed()
+    assert torch.equal(loaded["y"], y)
+    buf = io.BytesIO()
+    torch.save(x.to("cpu"), buf)
+    buf.seek(0)
+    assert torch.equal(torch.load(buf), x.cpu())
+    assert torch.equal(pickle.loads(pickle.dumps(y)), y)
+
+
+def test_prefetch_and_advise(uvm):
+    x = torch.randn(1 << 20)
+    uvm.advise(x, "read_mostly")
+    uvm.prefetch(x, "cuda")
+    s = torch.cuda.Stream()
+    uvm.prefetch(x, "cuda:0", stream=s)
+    uvm.advise(x, "unset_read_mostly")
+    uvm.advise(x, "accessed_by", "cuda")
+    uvm.advise(x, "preferred_location", "cpu")
+    uvm.prefetch(x, "cpu")
+    torch.cuda.synchronize()
+    assert torch.equal(x.to("cuda").cpu(), x)
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda uvm: uvm.advise(torch.ones(4), "fast"), ValueError, "unknown advice 'fast'"),
+    (lambda uvm: uvm.advise(torch.ones(4), "accessed_by", "cpu"), ValueError, "cuda device"),
+    (lambda uvm: uvm.prefetch(torch.ones(4), "cuda:64"), IndexError, "does not exist"),
+    (lambda uvm: uvm.prefetch(torch.ones(4).unmanage_memory()), ValueError, "not managed"),
+    (lambda uvm: torch.ones(4).to("cuda:64"), Exception, "cuda:64|invalid device|out of range"),
+    (lambda uvm: uvm.set_enabled_uvm(False), RuntimeError, "cannot be turned off"),
+])
+def test_bad_input_on_gpu(uvm, call, exc, match):
+    with pytest.raises(exc, match=match):
+        call(uvm)
+
+
+def test_enabling_twice_is_a_no_op(uvm):
+    uvm.set_enabled_uvm(True)
+    assert uvm.get_enabled_uvm()
+
+
+def test_stats_snapshot_and_empty_cache(uvm):
+    uvm.empty_cache()
+    before = uvm.memory_stats()
+    x = torch.empty(3 << 20, dtype=torch.uint8, device="cuda")
+    stats = uvm.memory_stats()
+    assert stats["allocated_bytes.all.current"] - before["allocated_bytes.all.current"] >= 3 << 20
+    assert any(s["device"] == 0 for s in uvm.memory_snapshot())
+    del x
+    uvm.empty_cache()
+    assert uvm.memory_stats()["reserved_bytes.all.current"] <= before["reserved_bytes.all.current"] + (20 << 20)
+    uvm._C.check_invariants()
+    assert "Reserved memory" in uvm.memory_summary()
+
+
+def test_cache_reuses_blocks(uvm):
+    torch.cuda.synchronize()
+    x = torch.empty(1 << 20, device="cuda")
+    ptr = x.data_ptr()
+    del x
+    before = uvm.memory_stats()["num_device_alloc"]
+    y = torch.empty(1 << 20, device="cuda")
+    assert y.data_ptr() == ptr
+    assert uvm.memory_stats()["num_device_alloc"] == before
+
+
+@multigpu
+def test_cuda0_to_cuda1_moves(uvm):
+    x = torch.randn(1 << 20, device="cuda:0")
+    y = x.to("cuda:1")
+    assert y.device == torch.device("cuda", 1) and y.data_ptr() == x.data_ptr()
+    assert torch.equal((y * 2).to("cuda:0"), x * 2)
