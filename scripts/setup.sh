@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what torch_uvm needs to build and test, on a fresh Debian machine:
+# compilers, CMake, ninja, GoogleTest sources and the HIP headers (apt), torch
+# and pytest (pip; this workplace's pip serves torch 2.14.1 from local wheels),
+# then builds the Python extension in place. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+need_apt=()
+for pkg in g++ cmake ninja-build googletest libamdhip64-dev; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${need_apt[@]}"
+fi
+python3 -c "import torch" 2>/dev/null || python3 -m pip install -q "torch==2.14.1"
+python3 -c "import pytest" 2>/dev/null || python3 -m pip install -q pytest
+python3 -c "import numpy" 2>/dev/null || python3 -m pip install -q numpy
+# The native module (needs the CUDA headers; no GPU needed to build).
+python3 setup.py -q build_ext --inplace 2>&1 | grep -vE "^(running|copying|creating)|Warning|warn" || true
+python3 -c "import torch_uvm" && echo "torch_uvm built"
