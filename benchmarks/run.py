@@ -20,6 +20,12 @@ PLAN = {
     "moves_to_gpu": ["torch", "torch_uvm"],
     "moves_to_cpu": ["torch", "torch_uvm"],
     "faults": ["torch_uvm"],
+    # Which segment unit suits managed memory: torch_uvm under several
+    # small/large segment sizes (PYTORCH_UVM_ALLOC_CONF), training steps.
+    "segments": ["torch_uvm:small_segment_mb:2,large_segment_mb:20",
+                 "torch_uvm:small_segment_mb:8,large_segment_mb:20",
+                 "torch_uvm:small_segment_mb:2,large_segment_mb:64",
+                 "torch_uvm:small_segment_mb:32,large_segment_mb:128"],
 }
 MiB = 1 << 20
 
@@ -32,8 +38,11 @@ def human(n):
 def run_one(allocator, workload):
     t0 = time.time()
     print(f"  running {workload} with {allocator} ...", flush=True)
+    env = dict(os.environ)
+    if ":" in allocator:  # "torch_uvm:<PYTORCH_UVM_ALLOC_CONF>"
+        allocator, env["PYTORCH_UVM_ALLOC_CONF"] = allocator.split(":", 1)
     p = subprocess.run([sys.executable, os.path.join(HERE, "workloads.py"), allocator, workload],
-                       capture_output=True, text=True, timeout=400)
+                       capture_output=True, text=True, timeout=400, env=env)
     if p.returncode != 0:
         print(f"  FAILED {workload}/{allocator}:\n{p.stderr[-2000:]}", flush=True)
         return None
@@ -94,6 +103,16 @@ def report(results):
         rows = [[k, f"{v['ms']:.2f}", f"{v['GBps']:.1f}"] for k, v in f.items()]
         out.append(table("5. First kernel over 512 MiB of host-resident managed data",
                          ["mode", "ms", "GB/s"], rows))
+    seg = results.get("segments", {})
+    if seg:
+        rows = []
+        for conf, v in seg.items():
+            if v:
+                rows.append([conf.split(":", 1)[1]] + [f"{v[m]['ms']:.2f} ms, peak reserved "
+                                                       f"{v[m]['peak_reserved'] / MiB:.0f} MiB"
+                                                       for m in ("mlp", "transformer")])
+        out.append(table("6. Segment units: training step time and peak reserved memory",
+                         ["PYTORCH_UVM_ALLOC_CONF", "mlp", "transformer"], rows))
     return "\n".join(out)
 
 

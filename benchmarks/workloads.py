@@ -83,19 +83,37 @@ def transformer():
     return model, (lambda: torch.randn(32, 128, 256, device="cuda"))
 
 
+def segments(allocator):
+    """Training steps under one segment configuration: time and peak reserved."""
+    import torch_uvm
+    out = {}
+    for name, make in (("mlp", mlp), ("transformer", transformer)):
+        torch_uvm.empty_cache()
+        torch_uvm.reset_peak_memory_stats()
+        ms = train_one(make)
+        out[name] = {"ms": ms,
+                     "peak_reserved": torch_uvm.memory_stats()["reserved_bytes.all.peak"]}
+    return out
+
+
+def train_one(make):
+    torch.manual_seed(0)
+    model, batch = make()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    def step():
+        loss = model(batch()).square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+    return median_us(step, 50, warmup=10) / 1e3  # ms
+
+
 def train(allocator):
     out = {}
     for name, make in (("mlp", mlp), ("transformer", transformer)):
-        torch.manual_seed(0)
-        model, batch = make()
-        opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-        def step():
-            loss = model(batch()).square().mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            torch.cuda.synchronize()
-        out[name] = median_us(step, 50, warmup=10) / 1e3  # ms
+        out[name] = train_one(make)
     return out
 
 

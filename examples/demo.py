@@ -28,10 +28,11 @@ def gpu_demo():
     dt = (time.perf_counter() - t0) * 1e3
     print(f"\nx.to('cuda') of 64 MiB: same memory? {y.data_ptr() == x.data_ptr()}; "
           f"device {y.device}; moved and summed in {dt:.1f} ms (sum {total:.1f})")
-    y.mul_(2)
+    original = x.clone()
+    y.mul_(2)                                        # on the GPU
     z = y.to("cpu")                                  # back, still the same memory
-    print(f"after y.mul_(2) on the GPU, the CPU tensor sees it: {torch.equal(z, x)} "
-          f"and x[0] == 2*original: {torch.isclose(x[0], z[0]).item()}")
+    print(f"after y.mul_(2) on the GPU: z is x's memory: {z.data_ptr() == x.data_ptr()}; "
+          f"x == 2 * original: {torch.equal(x, original * 2)}")
 
     torch.cuda.synchronize()
     n = 5000

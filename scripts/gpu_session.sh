@@ -12,13 +12,16 @@ stages=${*:-build test bench}
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 summary=()
 
-run() {  # name, command...
-  local name=$1; shift
+LOGS=/tmp/torch_uvm_logs
+mkdir -p "$LOGS"
+run() {  # name, command...   (build logs reach $OUT only when they fail:
+  local name=$1; shift        #  the device tool returns at most 8 files)
   local t0=$SECONDS
-  "$@" > "$OUT/$name.log" 2>&1
+  "$@" > "$LOGS/$name.log" 2>&1
   local rc=$?
   summary+=("$name: rc=$rc ($((SECONDS - t0)) s)")
-  tail -n 25 "$OUT/$name.log"
+  tail -n 25 "$LOGS/$name.log"
+  if [ $rc -ne 0 ] || [[ $name != *_build ]]; then cp "$LOGS/$name.log" "$OUT/"; fi
   return $rc
 }
 
@@ -44,7 +47,11 @@ for stage in $stages; do
       run pytest python3 -m pytest -v -rs tests/python
       ;;
     bench)
-      run bench env BENCH_BUILD=/tmp python3 benchmarks/run.py --out "$OUT"
+      run bench env BENCH_BUILD=/tmp python3 benchmarks/run.py --out "$LOGS/bench"
+      cp "$LOGS"/bench/results.json "$LOGS"/bench/*.png "$OUT/" 2>/dev/null
+      ;;
+    demo)
+      run demo python3 examples/demo.py
       ;;
   esac
 done

@@ -18,5 +18,10 @@ python3 -c "import torch" 2>/dev/null || python3 -m pip install -q "torch==2.14.
 python3 -c "import pytest" 2>/dev/null || python3 -m pip install -q pytest
 python3 -c "import numpy" 2>/dev/null || python3 -m pip install -q numpy
 # The native module (needs the CUDA headers; no GPU needed to build).
-python3 setup.py -q build_ext --inplace 2>&1 | grep -vE "^(running|copying|creating)|Warning|warn" || true
-python3 -c "import torch_uvm" && echo "torch_uvm built"
+mkdir -p build
+if ! python3 setup.py build_ext --inplace > build/ext_build.log 2>&1; then
+  tail -n 60 build/ext_build.log
+  echo "setup: building the extension failed (full log: build/ext_build.log)" >&2
+  exit 1
+fi
+python3 -c "import torch_uvm" && echo "setup: torch_uvm built"

@@ -1,5 +1,6 @@
 #include "torch/managed_allocator.h"
 
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
@@ -12,6 +13,10 @@
 #include "torch_uvm/torch_uvm.h"
 
 namespace torch_uvm {
+
+c10::Device with_index(c10::Device d) {
+  return d.is_cuda() && !d.has_index() ? c10::Device(c10::kCUDA, c10::cuda::current_device()) : d;
+}
 
 StreamRef current_stream_ref(c10::Device device) {
   if (!device.is_cuda()) return kHostStream;

@@ -42,10 +42,6 @@ struct CopyRequest {
   bool saved;
 };
 
-at::Device with_index(at::Device d) {
-  return d.is_cuda() && !d.has_index() ? at::Device(at::kCUDA, c10::cuda::current_device()) : d;
-}
-
 // Whether this _to_copy may be served without a copy.
 bool is_pure_move(const at::Tensor& self, std::optional<at::ScalarType> dtype,
                   std::optional<at::Layout> layout, std::optional<at::Device> device,

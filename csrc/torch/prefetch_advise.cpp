@@ -30,10 +30,6 @@ void check_device(at::Device device, const char* what) {
   }
 }
 
-at::Device with_index(at::Device d) {
-  return d.is_cuda() && !d.has_index() ? at::Device(at::kCUDA, c10::cuda::current_device()) : d;
-}
-
 DeviceIndex to_index(at::Device d) { return d.is_cpu() ? kCpuDevice : d.index(); }
 
 }  // namespace
