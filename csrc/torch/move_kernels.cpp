@@ -75,6 +75,18 @@ at::Tensor move(const at::Tensor& self, at::Device target, bool non_blocking) {
   // is ordered after the work queued on the source GPU.
   at::Device worker = target.is_cuda() ? target : self.device();
   StreamRef stream = current_stream_ref(worker);
+  if (self.device().is_cuda() && target.is_cuda()) {
+    // GPU to GPU: the target's stream must not read before the work queued
+    // on the source GPU (which may still be writing the data) is done, as in
+    // PyTorch's cross-device copy.
+    translate_errors([&] {
+      Runtime& rt = a.runtime();
+      EventHandle ready = rt.create_event(self.device().index());
+      rt.record_event(ready, current_stream_ref(self.device()));
+      rt.stream_wait_event(current_stream_ref(target), ready);
+      rt.destroy_event(ready);  // released by the driver once it has fired
+    });
+  }
   if (bytes == 0 || !managed_hints_supported()) return out;
   translate_errors([&] {
     if (target.is_cuda()) a.record_stream(self.storage().data(), stream);

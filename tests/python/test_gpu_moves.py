@@ -195,4 +195,9 @@ def test_cuda0_to_cuda1_moves(uvm):
     x = torch.randn(1 << 20, device="cuda:0")
     y = x.to("cuda:1")
     assert y.device == torch.device("cuda", 1) and y.data_ptr() == x.data_ptr()
-    assert torch.equal((y * 2).to("cuda:0"), x * 2)
+    with torch.cuda.device(1):
+        torch.cuda._sleep(100_000_000)   # cuda:1 is slow to produce z
+        z = y * 2
+    w = z.to("cuda:0")                   # zero-copy: cuda:0 must wait for cuda:1
+    assert w.data_ptr() == z.data_ptr()
+    assert torch.equal(w, x * 2)
