@@ -57,20 +57,4 @@ void enable_from_environment() {
   if (on) enable();
 }
 
-#ifdef TORCH_UVM_ENABLE_ON_LOAD
-// C++ programs linking libtorch_uvm: honour the environment when the library
-// loads. A constructor must not throw, so a failure is printed instead.
-namespace {
-struct EnableOnLoad {
-  EnableOnLoad() {
-    try {
-      enable_from_environment();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "torch_uvm: PYTORCH_ENABLE_UNIFIED_MEMORY ignored: %s\n", e.what());
-    }
-  }
-} enable_on_load;
-}  // namespace
-#endif
-
 }  // namespace torch_uvm
