@@ -15,9 +15,16 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLAN = {
-    "alloc": ["torch", "torch_uvm", "raw_managed", "cupy"],
-    "train": ["torch", "torch_uvm", "raw_managed"],
-    "moves_to_gpu": ["torch", "torch_uvm"],
+    "alloc": ["torch", "torch_uvm", "raw_managed", "cupy", "rmm"],
+    # The same pairs from C++ (benchmarks/cpp/alloc_bench.cpp; BENCH_CPP names
+    # its build folder): no Python in the loop.
+    "alloc_cpp": ["torch", "torch_uvm", "torch_uvm_direct", "raw_managed"],
+    "train": ["torch", "torch_uvm", "raw_managed", "rmm"],
+    # torch_uvm as shipped (prefetch issued by a worker thread), and on the
+    # caller's thread (the first version, and the naive advise+prefetch).
+    # Pieces issued one after another (prefetch_chunk_mb:16/64, run D) or by
+    # 2 and 4 threads at once (run F) were slower: see results/.
+    "moves_to_gpu": ["torch", "torch_uvm", "torch_uvm:async_prefetch:false"],
     "moves_to_cpu": ["torch", "torch_uvm"],
     "faults": ["torch_uvm"],
     # Which segment unit suits managed memory: torch_uvm under several
@@ -41,8 +48,15 @@ def run_one(allocator, workload):
     env = dict(os.environ)
     if ":" in allocator:  # "torch_uvm:<PYTORCH_UVM_ALLOC_CONF>"
         allocator, env["PYTORCH_UVM_ALLOC_CONF"] = allocator.split(":", 1)
-    p = subprocess.run([sys.executable, os.path.join(HERE, "workloads.py"), allocator, workload],
-                       capture_output=True, text=True, timeout=400, env=env)
+    if workload == "alloc_cpp":
+        cmd = [os.path.join(os.environ.get("BENCH_CPP", "build-bench"), "alloc_bench"), allocator]
+    else:
+        cmd = [sys.executable, os.path.join(HERE, "workloads.py"), allocator, workload]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print(f"  FAILED {workload}/{allocator}: {e}", flush=True)
+        return None
     if p.returncode != 0:
         print(f"  FAILED {workload}/{allocator}:\n{p.stderr[-2000:]}", flush=True)
         return None
@@ -57,44 +71,59 @@ def table(title, header, rows):
     return "\n".join(lines) + "\n"
 
 
+def alloc_table(a, plan, title):
+    peers = [p for p in plan if a.get(p)]
+    rows = []
+    for key in a["torch"]:
+        label = "mixed trace, per alloc" if not key.isdigit() else human(key)
+        base = a["torch"][key]
+        rows.append([label] + [f"{a[p][key]:.2f} µs ({a[p][key] / base:.2f}×)"
+                               if key in a[p] else "n/a" for p in peers])
+    return table(f"{title} (median µs, ratio to PyTorch)", ["size"] + peers, rows)
+
+
+def merged(results, workload):
+    """{size: {method: numbers}} over every allocator of a workload."""
+    out = {}
+    for per_size in filter(None, results.get(workload, {}).values()):
+        for size, methods in per_size.items():
+            out.setdefault(size, {}).update(methods)
+    return out
+
+
 def report(results):
     out = []
-    a = results.get("alloc", {})
-    if a.get("torch"):
-        peers = [p for p in PLAN["alloc"] if a.get(p)]
-        rows = []
-        for key in a["torch"]:
-            label = "mixed trace, per alloc" if not key.isdigit() else human(key)
-            base = a["torch"][key]
-            rows.append([label] + [f"{a[p][key]:.2f} µs ({a[p][key] / base:.2f}×)"
-                                   if key in a[p] else "n/a" for p in peers])
-        out.append(table("1. Allocation: torch.empty + del (median µs, ratio to PyTorch)",
-                         ["size"] + peers, rows))
+    for key, title in (("alloc", "1. Allocation: torch.empty + del from Python"),
+                       ("alloc_cpp", "1b. Allocation: alloc + free from C++")):
+        a = results.get(key, {})
+        if a.get("torch"):
+            out.append(alloc_table(a, PLAN[key], title))
     t = results.get("train", {})
     if t.get("torch"):
         peers = [p for p in PLAN["train"] if t.get(p)]
         rows = [[m] + [f"{t[p][m]:.2f} ms ({t[p][m] / t['torch'][m]:.2f}×)" for p in peers]
                 for m in t["torch"]]
         out.append(table("2. Training step (median ms, ratio to UVM off)", ["model"] + peers, rows))
-    g = results.get("moves_to_gpu", {})
-    if g.get("torch") and g.get("torch_uvm"):
+    g = merged(results, "moves_to_gpu")
+    if g:
         rows = []
-        for size in g["torch"]:
-            merged = {**g["torch"][size], **g["torch_uvm"][size]}
-            pinned = merged["pinned_copy"]
-            for name, v in merged.items():
+        for size, methods in g.items():
+            pinned = methods["pinned_copy"]
+            for name, v in methods.items():
+                sleeping = v.get("ready_sleeping_ms")
                 rows.append([human(size), name, f"{v['call_ms']:.3f}", f"{v['ready_ms']:.3f}",
                              f"{v['call_ms'] / pinned['ready_ms'] * 100:.1f}%",
-                             f"{v['ready_ms'] / pinned['ready_ms']:.2f}×"])
+                             f"{v['ready_ms'] / pinned['ready_ms']:.2f}×",
+                             f"{sleeping:.3f} ({sleeping / pinned['ready_sleeping_ms']:.2f}×)"
+                             if sleeping else "n/a"])
         out.append(table("3. Moves to the GPU (host-resident source)",
                          ["size", "method", "call ms", "data ready ms", "call / pinned",
-                          "ready / pinned"], rows))
-    c = results.get("moves_to_cpu", {})
-    if c.get("torch") and c.get("torch_uvm"):
+                          "ready / pinned", "ready ms, host asleep (/ pinned)"], rows))
+    c = merged(results, "moves_to_cpu")
+    if c:
         rows = []
-        for size in c["torch"]:
-            merged = {**c["torch"][size], **c["torch_uvm"][size]}
-            for name, v in merged.items():
+        for size, methods in c.items():
+            for name, v in methods.items():
                 rows.append([human(size), name, f"{v['ms']:.2f}", f"{v['GBps']:.1f}"])
         out.append(table("4. Moves to the CPU, then a CPU read of all data",
                          ["size", "method", "ms", "GB/s"], rows))
@@ -137,17 +166,17 @@ def plot(results, out_dir):
         ax.legend()
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, "alloc.png"))
-    g = results.get("moves_to_gpu", {})
-    if g.get("torch") and g.get("torch_uvm"):
+    g = merged(results, "moves_to_gpu")
+    if g:
         fig, ax = plt.subplots(figsize=(7, 4))
-        sizes = list(g["torch"])
-        names = list(g["torch"][sizes[0]]) + list(g["torch_uvm"][sizes[0]])
-        for name in names:
-            src = g["torch"] if name in g["torch"][sizes[0]] else g["torch_uvm"]
-            ax.plot([human(s) for s in sizes], [src[s][name]["ready_ms"] for s in sizes],
+        sizes = list(g)
+        for name in g[sizes[0]]:
+            ax.plot([human(s) for s in sizes], [g[s][name]["ready_ms"] for s in sizes],
                     marker="o", label=f"{name} (ready)")
+            ax.plot([human(s) for s in sizes], [g[s][name]["call_ms"] for s in sizes],
+                    marker="x", linestyle=":", label=f"{name} (call)")
         ax.set_yscale("log")
-        ax.set_ylabel("ms until a kernel has read the data")
+        ax.set_ylabel("ms: call returns (dotted), kernel has read the data")
         ax.set_title("Moves to the GPU")
         ax.legend(fontsize=8)
         fig.tight_layout()

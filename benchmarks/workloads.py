@@ -4,7 +4,9 @@ allocator (PyTorch can choose its CUDA allocator only once per process).
     python workloads.py ALLOCATOR WORKLOAD  -> prints one JSON line
 
 ALLOCATOR: torch (CUDACachingAllocator), raw_managed (cudaMallocManaged per
-call), torch_uvm, cupy (CuPy MemoryPool over malloc_managed; allocation only).
+call), torch_uvm, cupy (CuPy MemoryPool over malloc_managed; allocation only),
+rmm (RAPIDS RMM: a managed-memory pool under PrefetchResourceAdaptor, hooked
+into torch with rmm_torch_allocator; its wheels travel to the GPU machine).
 """
 import json
 import os
@@ -27,6 +29,15 @@ def setup(allocator):
         sys.path.insert(0, os.path.dirname(HERE))
         import torch_uvm
         torch_uvm.set_enabled_uvm(True)
+    elif allocator == "rmm":
+        import rmm.mr
+        from rmm.allocators.torch import rmm_torch_allocator
+        # A pool far below the GPU's memory: managed memory past free device
+        # memory can stall the GPU.
+        pool = rmm.mr.PoolMemoryResource(rmm.mr.ManagedMemoryResource(),
+                                         initial_pool_size=1 << 30, maximum_pool_size=16 << 30)
+        rmm.mr.set_current_device_resource(rmm.mr.PrefetchResourceAdaptor(pool))
+        torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
 
 
 def median_us(fn, iters, warmup=20):
@@ -117,48 +128,64 @@ def train(allocator):
     return out
 
 
+def uvm_variant():
+    """torch_uvm's name in the tables, with its PYTORCH_UVM_ALLOC_CONF if any."""
+    conf = os.environ.get("PYTORCH_UVM_ALLOC_CONF")
+    return f"torch_uvm[{conf}]" if conf else "torch_uvm"
+
+
 def moves_to_gpu(allocator):
     """Host time of the call and time until a kernel has read everything."""
     out = {}
     for n in (MiB, 64 * MiB, 1024 * MiB):
-        reps = 5 if n >= 1024 * MiB else 20
+        reps = 7 if n >= 1024 * MiB else 20
         res = {}
         variants = {}
         if allocator == "torch_uvm":
-            src = torch.empty(n // 4)  # managed, CPU home
-            def uvm(src=src):
-                return src.to("cuda", non_blocking=True)
-            variants["torch_uvm"] = (src, uvm)
             import torch_uvm
-
-            def naive(src=src):
-                torch_uvm.set_move_advice(True)
-                try:
-                    return src.to("cuda", non_blocking=True)
-                finally:
-                    torch_uvm.set_move_advice(False)
-            variants["naive_advise_prefetch"] = (src, naive)
+            src = torch.empty(n // 4)  # managed, CPU home
+            variants[uvm_variant()] = (src, lambda s=src: s.to("cuda", non_blocking=True))
+            if "async_prefetch:false" in os.environ.get("PYTORCH_UVM_ALLOC_CONF", ""):
+                def naive(src=src):
+                    torch_uvm.set_move_advice(True)
+                    try:
+                        return src.to("cuda", non_blocking=True)
+                    finally:
+                        torch_uvm.set_move_advice(False)
+                variants["naive_advise_prefetch"] = (src, naive)
         else:
             pinned = torch.empty(n // 4).pin_memory()
             variants["pinned_copy"] = (pinned, lambda p=pinned: p.to("cuda", non_blocking=True))
             pageable = torch.empty(n // 4)
             variants["pageable_copy"] = (pageable, lambda p=pageable: p.to("cuda"))
         for name, (src, fn) in variants.items():
-            call, ready = [], []
-            for _ in range(reps):
+            call, ready, ready_sleeping = [], [], []
+            # The host waits two ways: spinning (torch.cuda.synchronize, the
+            # default) and asleep on a blocking event, as a thread that has
+            # other work or waits in a DataLoader would be.
+            for wait in ("spin", "sleep") * reps:
                 src.fill_(1.0)          # on the CPU: the pages are host-resident again
                 torch.cuda.synchronize()
+                done = torch.cuda.Event(blocking=True)
                 t0 = time.perf_counter()
                 dst = fn()
                 t1 = time.perf_counter()
                 s = dst.sum()
-                torch.cuda.synchronize()
+                if wait == "spin":
+                    torch.cuda.synchronize()
+                else:
+                    done.record()
+                    done.synchronize()
                 t2 = time.perf_counter()
                 assert s.item() == n // 4
-                call.append((t1 - t0) * 1e3)
-                ready.append((t2 - t0) * 1e3)
+                if wait == "spin":
+                    call.append((t1 - t0) * 1e3)
+                    ready.append((t2 - t0) * 1e3)
+                else:
+                    ready_sleeping.append((t2 - t0) * 1e3)
                 del dst, s
-            res[name] = {"call_ms": statistics.median(call), "ready_ms": statistics.median(ready)}
+            res[name] = {"call_ms": statistics.median(call), "ready_ms": statistics.median(ready),
+                         "ready_sleeping_ms": statistics.median(ready_sleeping)}
         out[str(n)] = res
     return out
 
@@ -170,7 +197,7 @@ def moves_to_cpu(allocator):
         res = {}
         if allocator == "torch_uvm":
             src = torch.empty(n // 4, device="cuda")
-            variants = {"torch_uvm": (src, lambda s=src: s.to("cpu"))}
+            variants = {uvm_variant(): (src, lambda s=src: s.to("cpu"))}
         else:
             src = torch.empty(n // 4, device="cuda")
             pinned = torch.empty(n // 4).pin_memory()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs, in one place: build, GPU tests, benchmarks.
-#   bash scripts/gpu_session.sh [build] [test] [bench]   (default: all three)
+#   bash scripts/gpu_session.sh [build] [test] [bench] [demo] [stress] [sanitize]
+#   (default: build test bench)
 # Logs go to $OUT (the device tool's folder) or results/ under the repo, and a
 # short summary is printed last. Never asks for more managed memory than a few
 # GiB: the allocator's own cap keeps it below free device memory.
@@ -11,6 +12,10 @@ mkdir -p "$OUT"
 stages=${*:-build test bench}
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 summary=()
+# The image's default g++ (/opt/gcc) has libstdc++ headers newer than the
+# libstdc++ that Python and torch load: anything linking torch built with it
+# crashes on the first ostream << int. Build with the system compiler.
+if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
 
 LOGS=/tmp/torch_uvm_logs
 mkdir -p "$LOGS"
@@ -32,22 +37,47 @@ for stage in $stages; do
       python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >> "$OUT/gpu.txt"
       cat "$OUT/gpu.txt"
       run cmake_build bash -c "cmake -S . -B build-gpu -G Ninja -DTORCH_UVM_WITH_CUDA=ON && cmake --build build-gpu"
-      # The image's default g++ (/opt/gcc) has libstdc++ headers newer than the
-      # libstdc++ that Python and torch load: an extension built with it crashes
-      # on the first ostream << int. Build with the system compiler.
-      if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
       run ext_build python3 setup.py build_ext --inplace
+      # libtorch_uvm and its CMake package, then programs built against it.
+      run lib_build bash -c "cmake -S . -B build-torch -G Ninja -DTORCH_UVM_WITH_TORCH=ON \
+          -DTORCH_UVM_BUILD_TESTS=OFF -DCMAKE_INSTALL_PREFIX=$PWD/build-prefix \
+          && cmake --build build-torch && cmake --install build-torch"
+      run bench_cpp_build bash -c "cmake -S benchmarks/cpp -B build-bench -G Ninja \
+          -DCMAKE_PREFIX_PATH=$PWD/build-prefix && cmake --build build-bench"
       g++ -O2 -shared -fPIC benchmarks/raw_managed_alloc.cpp -o /tmp/raw_managed_alloc.so \
         -I"$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")/include" \
         -L"$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")/lib64" -lcudart \
         || summary+=("raw_managed_alloc.so: build failed")
       ;;
     test)
-      run cuda_tests ./build-gpu/cuda_tests
-      run pytest python3 -m pytest -v -rs tests/python
+      run cuda_tests timeout 180 ./build-gpu/cuda_tests
+      # pytest-timeout (in the GPU image) names a test that hangs, with its stack.
+      run pytest env TORCH_UVM_CPP_PREFIX="$PWD/build-prefix" timeout 300 \
+          python3 -m pytest -v -rs --timeout 90 tests/python
+      ;;
+    stress)
+      # 10^7 operations on cudaMallocManaged, invariants checked every step.
+      run stress env TORCH_UVM_STRESS_OPS=${STRESS_OPS:-10000000} \
+          ./build-gpu/cuda_tests --gtest_filter='*Stress*cuda'
+      ;;
+    sanitize)
+      # compute-sanitizer over the CUDA suites (the stress test at 10^5 ops)
+      # and the GPU moves and streams tests.
+      export TORCH_UVM_STRESS_OPS=100000
+      for tool in memcheck racecheck; do
+        run "sanitize_$tool" timeout 200 compute-sanitizer --tool $tool --error-exitcode 3 \
+            ./build-gpu/cuda_tests --gtest_brief=1
+        run "sanitize_${tool}_pytest" timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 \
+            --target-processes all python3 -m pytest -q -x tests/python/test_gpu_moves.py
+      done
       ;;
     bench)
-      run bench env BENCH_BUILD=/tmp python3 benchmarks/run.py --out "$LOGS/bench"
+      if ls .whl/*.whl >/dev/null 2>&1; then  # RMM and its needs, carried as wheels
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+          --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+      fi
+      run bench env BENCH_BUILD=/tmp BENCH_CPP="$PWD/build-bench" \
+          python3 benchmarks/run.py --out "$LOGS/bench" ${BENCH_ONLY:+--only $BENCH_ONLY}
       cp "$LOGS"/bench/results.json "$LOGS"/bench/*.png "$OUT/" 2>/dev/null
       ;;
     demo)

@@ -67,7 +67,7 @@ void* CachingManagedAllocator::allocate(std::size_t bytes, DeviceIndex home,
                       " GPU(s) present)");
   std::size_t size = policy_.round_request(bytes);
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!pending_.empty()) drain_pending(/*wait=*/false);
+  if (!pending_.empty() && captures_underway_ == 0) drain_pending(/*wait=*/false);
   Block* block = allocate_block(size, bytes, home, stream);
 
   const bool small = block->segment->small;
@@ -93,6 +93,12 @@ Block* CachingManagedAllocator::allocate_block(std::size_t size,
   const bool small = policy_.is_small(size);
   if (Block* b = take_cached_block(size, home, stream, small)) return b;
   if (Block* b = new_segment(size, home, stream, small)) return b;
+  if (captures_underway_ > 0) {
+    ++stats_.num_ooms;
+    throw_oom(requested, size, home,
+              "a CUDA graph is being captured, so the cache cannot be released "
+              "to make room");
+  }
   // Slow path: give cached memory back to the runtime and try once more.
   ++stats_.num_alloc_retries;
   drain_pending(/*wait=*/true);
@@ -214,9 +220,28 @@ void CachingManagedAllocator::free(void* ptr) {
   }
   if (block->stream_uses.empty()) {
     return_to_pool(block);
+  } else if (captures_underway_ > 0) {
+    block->state = BlockState::kPendingFree;
+    parked_during_capture_.push_back(block);
   } else {
     pending_.defer(block);
   }
+}
+
+void CachingManagedAllocator::begin_capture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++captures_underway_;
+}
+
+void CachingManagedAllocator::end_capture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_UVM_CHECK_ARG(captures_underway_ > 0, "torch_uvm: end_capture() without begin_capture()");
+  if (--captures_underway_ > 0) return;
+  // Events recorded now cover everything queued on those streams since the
+  // frees: later than needed, never earlier.
+  std::vector<Block*> parked;
+  parked.swap(parked_during_capture_);
+  for (Block* b : parked) pending_.defer(b);
 }
 
 void CachingManagedAllocator::return_to_pool(Block* block) {
@@ -323,9 +348,12 @@ std::size_t CachingManagedAllocator::release_cached(std::size_t keep) {
   std::sort(free_segments.begin(), free_segments.end(),
             [](const Segment* a, const Segment* b) { return a->size > b->size; });
   std::size_t released = 0;
+  bool notified = false;
   for (Segment* segment : free_segments) {
     if (cached - released <= keep) break;
     if (cached - released - segment->size < keep) continue;  // keep it whole
+    if (!notified && before_release_) before_release_();
+    notified = true;
     released += segment->size;
     release_segment(segment);
   }
@@ -334,6 +362,7 @@ std::size_t CachingManagedAllocator::release_cached(std::size_t keep) {
 
 void CachingManagedAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (captures_underway_ > 0) return;
   drain_pending(/*wait=*/true);
   release_cached(release_threshold_);
 }
@@ -372,7 +401,7 @@ void CachingManagedAllocator::set_cap(std::size_t bytes,
   auto reserved = [&] {
     return static_cast<std::size_t>(stats_.reserved_bytes.all().current);
   };
-  if (reserved() > bytes) {
+  if (reserved() > bytes && captures_underway_ == 0) {
     drain_pending(/*wait=*/true);
     release_cached(/*keep=*/0);
   }
@@ -383,6 +412,11 @@ void CachingManagedAllocator::set_cap(std::size_t bytes,
       "least that.");
   cap_.set(bytes);
   stats_.cap_bytes = static_cast<int64_t>(bytes);
+}
+
+void CachingManagedAllocator::set_before_release(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  before_release_ = std::move(hook);
 }
 
 void CachingManagedAllocator::set_release_threshold(std::size_t bytes) {
@@ -489,7 +523,11 @@ void CachingManagedAllocator::check_invariants() const {
           break;
         }
         case BlockState::kPendingFree:
-          if (b->pending_events <= 0) fail("pending block without events");
+          if (b->pending_events <= 0 &&
+              std::find(parked_during_capture_.begin(), parked_during_capture_.end(), b) ==
+                  parked_during_capture_.end()) {
+            fail("pending block without events");
+          }
           ++active[s];
           active_bytes[s] += static_cast<int64_t>(b->size);
           ++live;

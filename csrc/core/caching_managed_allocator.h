@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -62,8 +63,17 @@ class CachingManagedAllocator {
   std::optional<AllocationInfo> find_allocation(const void* ptr) const;
 
   // Waits for pending frees and returns every fully free segment to the
-  // runtime, keeping up to the release threshold cached.
+  // runtime, keeping up to the release threshold cached. Does nothing while a
+  // graph capture is under way.
   void empty_cache();
+
+  // A CUDA graph capture began / ended (nestable). While one is under way,
+  // the allocator makes no call that could break it: no event is recorded,
+  // queried or waited on, and no segment is released. Blocks freed meanwhile
+  // after use on other streams are parked until the last capture ends, then
+  // wait for their events as usual.
+  void begin_capture();
+  void end_capture();
 
   MemoryStats stats() const;
   void reset_peak_stats();
@@ -78,6 +88,12 @@ class CachingManagedAllocator {
   std::size_t safe_cap_limit() const;
   void set_cap(std::size_t bytes, bool allow_oversubscription = false);
   void set_release_threshold(std::size_t bytes);
+
+  // Called (under the allocator's lock) before segments go back to the
+  // runtime, whose free may synchronize the whole device: whoever holds
+  // streams waiting on a worker (PrefetchQueue) must let it issue everything
+  // first, or the free and the worker wait on each other.
+  void set_before_release(std::function<void()> hook);
 
   // Walks every segment and block and checks the structural invariants and
   // that the statistics agree with what is there. Throws std::logic_error
@@ -122,6 +138,9 @@ class CachingManagedAllocator {
   PendingFrees pending_;
   std::map<char*, Segment*> segments_;     // by base address
   std::map<char*, Block*> live_blocks_;    // kAllocated, by address
+  int captures_underway_ = 0;
+  std::function<void()> before_release_;
+  std::vector<Block*> parked_during_capture_;  // kPendingFree, no events yet
   MemoryStats stats_;
 };
 

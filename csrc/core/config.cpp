@@ -122,6 +122,17 @@ const std::vector<Option>& options() {
          c.advise_segments =
              parse_bool(v, "PYTORCH_UVM_ALLOC_CONF option '" + k + "'");
        }},
+      {"async_prefetch", "true",
+       "issue the prefetch of a move to a GPU from a worker thread; the GPU's "
+       "stream waits for it, the caller does not",
+       [](AllocatorConfig& c, const std::string& k, const std::string& v) {
+         c.async_prefetch = parse_bool(v, "PYTORCH_UVM_ALLOC_CONF option '" + k + "'");
+       }},
+      {"prefetch_chunk_mb", "0",
+       "the worker prefetches in pieces of this size (0: whole ranges)",
+       [](AllocatorConfig& c, const std::string& k, const std::string& v) {
+         c.prefetch_chunk = parse_mb(k, v);
+       }},
   };
   return table;
 }

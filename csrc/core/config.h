@@ -35,6 +35,11 @@ struct AllocatorConfig {
   bool allow_oversubscription = false;
   // Set preferred location / accessed-by once when a segment is created.
   bool advise_segments = true;
+  // Issue the prefetch of a zero-copy move to a GPU from a worker thread
+  // (prefetch_queue.h), so that the call returns at once.
+  bool async_prefetch = true;
+  // The worker issues prefetches in pieces of this size (0: one call).
+  std::size_t prefetch_chunk = 0;
 };
 
 // Parses "key:value,..." on top of `base`. Throws InvalidArgument naming the

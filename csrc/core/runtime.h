@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "core/types.h"
@@ -36,6 +37,20 @@ class Runtime {
   virtual bool query_event(EventHandle event) = 0;  // true once complete
   virtual void synchronize_event(EventHandle event) = 0;
   virtual void stream_wait_event(StreamRef stream, EventHandle event) = 0;
+
+  // Streams of the runtime's own (for work issued off the caller's thread).
+  virtual StreamRef create_stream(DeviceIndex device) = 0;
+  virtual void destroy_stream(StreamRef stream) = 0;
+  virtual void synchronize_stream(StreamRef stream) = 0;
+
+  // Flags: `stream` waits until the flag reaches `value` (compared cyclically,
+  // as (int32_t)(flag - value) >= 0), or writes `value` once its earlier work
+  // is done. create_flag returns nullptr where streams cannot wait on memory;
+  // the flag starts at 0.
+  virtual FlagHandle create_flag() = 0;
+  virtual void destroy_flag(FlagHandle flag) = 0;
+  virtual void stream_wait_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) = 0;
+  virtual void stream_write_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) = 0;
 
   // Devices.
   virtual int device_count() = 0;

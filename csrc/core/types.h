@@ -44,6 +44,11 @@ enum class Advice {
 // An opaque event owned by a Runtime.
 using EventHandle = void*;
 
+// A 32-bit word in host memory that GPU streams can wait on and write
+// (stream memory operations), and the host can write: how a stream is held
+// until a worker thread has issued work for it. Owned by a Runtime.
+using FlagHandle = std::uint32_t*;
+
 struct DeviceMemoryInfo {
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;

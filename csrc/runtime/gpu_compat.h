@@ -5,7 +5,13 @@
 //    argument). CUDA 12 has both; HIP has only the int forms.
 //  - The CPU is device -1 (cudaCpuDeviceId / hipCpuDeviceId) in the int forms
 //    and a cudaMemLocationTypeHost location in the new ones.
+//  - Stream memory operations (a stream waits on / writes a 32-bit word) are
+//    runtime calls in HIP but driver calls in CUDA, reached here through the
+//    runtime's driver entry points so that nothing links libcuda. CUDA 12.5
+//    added cudaGetDriverEntryPointByVersion; CUDA 13 removed the old form.
 #pragma once
+
+#include <cstdint>
 
 #if defined(TORCH_UVM_USE_HIP)
 #include <hip/hip_runtime_api.h>
@@ -49,8 +55,23 @@ inline gpuError_t gpuMemPrefetchTo(const void* p, size_t n, int device,
                                    gpuStream_t s) {
   return hipMemPrefetchAsync(p, n, device, s);
 }
+#define gpuStreamCreateNonBlocking(s) hipStreamCreateWithFlags((s), hipStreamNonBlocking)
+#define gpuStreamDestroy hipStreamDestroy
+#define gpuStreamSynchronize hipStreamSynchronize
+#define gpuHostAllocFlag(p, n) \
+  hipHostMalloc((p), (n), hipHostMallocMapped | hipHostMallocPortable)
+#define gpuFreeHost hipHostFree
+inline bool gpuStreamMemOpsAvailable() { return true; }
+// HIP compares plainly (flag >= value); 2^32 moves before it wraps.
+inline gpuError_t gpuStreamWaitValue32(gpuStream_t s, uint32_t* flag, uint32_t value) {
+  return hipStreamWaitValue32(s, flag, value, hipStreamWaitValueGte, 0xFFFFFFFFu);
+}
+inline gpuError_t gpuStreamWriteValue32(gpuStream_t s, uint32_t* flag, uint32_t value) {
+  return hipStreamWriteValue32(s, flag, value, 0);
+}
 
 #else
+#include <cuda.h>  // driver types for the stream memory operations; no libcuda link
 #include <cuda_runtime_api.h>
 
 using gpuError_t = cudaError_t;
@@ -114,4 +135,48 @@ inline gpuError_t gpuMemPrefetchTo(const void* p, size_t n, int device,
   return cudaMemPrefetchAsync(p, n, device, s);
 }
 #endif
+
+#define gpuStreamCreateNonBlocking(s) cudaStreamCreateWithFlags((s), cudaStreamNonBlocking)
+#define gpuStreamDestroy cudaStreamDestroy
+#define gpuStreamSynchronize cudaStreamSynchronize
+#define gpuHostAllocFlag(p, n) \
+  cudaHostAlloc((p), (n), cudaHostAllocMapped | cudaHostAllocPortable)
+#define gpuFreeHost cudaFreeHost
+
+using gpuStreamValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+inline gpuStreamValueFn gpuDriverEntry(const char* symbol) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status{};
+#if CUDART_VERSION >= 12050
+  cudaError_t err = cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &status);
+#else
+  cudaError_t err = cudaGetDriverEntryPoint(symbol, &fn, cudaEnableDefault, &status);
+#endif
+  if (err != cudaSuccess || status != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return reinterpret_cast<gpuStreamValueFn>(fn);
+}
+inline gpuStreamValueFn gpuWaitValueFn() {
+  static gpuStreamValueFn fn = gpuDriverEntry("cuStreamWaitValue32");
+  return fn;
+}
+inline gpuStreamValueFn gpuWriteValueFn() {
+  static gpuStreamValueFn fn = gpuDriverEntry("cuStreamWriteValue32");
+  return fn;
+}
+inline bool gpuStreamMemOpsAvailable() {
+  return gpuWaitValueFn() != nullptr && gpuWriteValueFn() != nullptr;
+}
+// CUresult and cudaError_t share their values for the errors these return.
+inline gpuError_t gpuStreamWaitValue32(gpuStream_t s, uint32_t* flag, uint32_t value) {
+  return static_cast<gpuError_t>(gpuWaitValueFn()(
+      s, reinterpret_cast<CUdeviceptr>(flag), value, CU_STREAM_WAIT_VALUE_GEQ));
+}
+inline gpuError_t gpuStreamWriteValue32(gpuStream_t s, uint32_t* flag, uint32_t value) {
+  return static_cast<gpuError_t>(gpuWriteValueFn()(
+      s, reinterpret_cast<CUdeviceptr>(flag), value, CU_STREAM_WRITE_VALUE_DEFAULT));
+}
 #endif

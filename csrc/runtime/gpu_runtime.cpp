@@ -119,6 +119,49 @@ void GpuRuntime::stream_wait_event(StreamRef stream, EventHandle event) {
   });
 }
 
+StreamRef GpuRuntime::create_stream(DeviceIndex device) {
+  return on_device(device, [device] {
+    gpuStream_t s = nullptr;
+    GPU_CHECK(gpuStreamCreateNonBlocking(&s));
+    return StreamRef{device, reinterpret_cast<std::uintptr_t>(s)};
+  });
+}
+
+void GpuRuntime::destroy_stream(StreamRef stream) {
+  GPU_CHECK(gpuStreamDestroy(native_stream(stream)));
+}
+
+void GpuRuntime::synchronize_stream(StreamRef stream) {
+  GPU_CHECK(gpuStreamSynchronize(native_stream(stream)));
+}
+
+FlagHandle GpuRuntime::create_flag() {
+  if (!gpuStreamMemOpsAvailable()) return nullptr;
+  // Pinned, mapped, portable host memory: every GPU's streams reach it, and
+  // the host can write it. A cache line each, so flags never share one.
+  void* p = nullptr;
+  GPU_CHECK(gpuHostAllocFlag(&p, 64));
+  auto* flag = static_cast<FlagHandle>(p);
+  *flag = 0;
+  return flag;
+}
+
+void GpuRuntime::destroy_flag(FlagHandle flag) { GPU_CHECK(gpuFreeHost(flag)); }
+
+void GpuRuntime::stream_wait_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) {
+  on_device(stream.device, [&] {
+    GPU_CHECK(gpuStreamWaitValue32(native_stream(stream), flag, value));
+    return 0;
+  });
+}
+
+void GpuRuntime::stream_write_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) {
+  on_device(stream.device, [&] {
+    GPU_CHECK(gpuStreamWriteValue32(native_stream(stream), flag, value));
+    return 0;
+  });
+}
+
 int GpuRuntime::device_count() {
   int n = 0;
   gpuError_t err = gpuGetDeviceCount(&n);

@@ -22,6 +22,13 @@ class GpuRuntime : public Runtime {
   bool query_event(EventHandle event) override;
   void synchronize_event(EventHandle event) override;
   void stream_wait_event(StreamRef stream, EventHandle event) override;
+  StreamRef create_stream(DeviceIndex device) override;
+  void destroy_stream(StreamRef stream) override;
+  void synchronize_stream(StreamRef stream) override;
+  FlagHandle create_flag() override;
+  void destroy_flag(FlagHandle flag) override;
+  void stream_wait_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) override;
+  void stream_write_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) override;
   int device_count() override;
   DeviceIndex current_device() override;
   DeviceMemoryInfo memory_info(DeviceIndex device) override;

@@ -55,9 +55,54 @@ void HostRuntime::advise(const void* ptr, std::size_t, Advice advice,
   advice_[ptr].emplace_back(advice, device);
 }
 
-void HostRuntime::prefetch(const void*, std::size_t, DeviceIndex, StreamRef) {
-  std::lock_guard<std::mutex> lock(mutex_);
+void HostRuntime::prefetch(const void* ptr, std::size_t bytes, DeviceIndex target,
+                           StreamRef stream) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  prefetch_released_.wait(lock, [this] { return !hold_prefetches_; });
   ++counters_.prefetches;
+  if (fail_prefetch_ > 0) {
+    --fail_prefetch_;
+    throw RuntimeError("HostRuntime::prefetch: injected failure");
+  }
+  prefetch_log_.push_back({ptr, bytes, target, stream});
+}
+
+void HostRuntime::hold_prefetches(bool hold) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    hold_prefetches_ = hold;
+  }
+  prefetch_released_.notify_all();
+}
+
+StreamRef HostRuntime::create_stream(DeviceIndex device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {device, next_stream_++};
+}
+
+FlagHandle HostRuntime::create_flag() {
+  if (!flags_supported_) return nullptr;
+  return new std::uint32_t(0);
+}
+
+void HostRuntime::destroy_flag(FlagHandle flag) { delete flag; }
+
+void HostRuntime::stream_wait_flag(StreamRef, FlagHandle, std::uint32_t) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++counters_.flag_waits;
+}
+
+void HostRuntime::stream_write_flag(StreamRef, FlagHandle flag, std::uint32_t value) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++counters_.flag_writes;
+  }
+  __atomic_store_n(flag, value, __ATOMIC_RELEASE);
+}
+
+std::vector<HostRuntime::PrefetchCall> HostRuntime::prefetch_log() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return prefetch_log_;
 }
 
 EventHandle HostRuntime::create_event(DeviceIndex) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <map>
 #include <mutex>
@@ -20,7 +21,8 @@ class HostRuntime : public Runtime {
   struct Counters {
     std::size_t allocations = 0, frees = 0, advises = 0, prefetches = 0,
                 event_records = 0, event_queries = 0, event_syncs = 0,
-                events_created = 0, events_destroyed = 0;
+                events_created = 0, events_destroyed = 0, flag_waits = 0,
+                flag_writes = 0;
   };
 
   // `devices` fake GPUs, each with `memory_per_device` bytes free.
@@ -40,6 +42,14 @@ class HostRuntime : public Runtime {
   bool query_event(EventHandle event) override;
   void synchronize_event(EventHandle event) override;
   void stream_wait_event(StreamRef stream, EventHandle event) override;
+  StreamRef create_stream(DeviceIndex device) override;
+  void destroy_stream(StreamRef) override {}
+  void synchronize_stream(StreamRef) override {}
+  FlagHandle create_flag() override;
+  void destroy_flag(FlagHandle flag) override;
+  // Host streams run at once: a write lands now; a wait is only logged.
+  void stream_wait_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) override;
+  void stream_write_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) override;
   int device_count() override { return devices_; }
   DeviceIndex current_device() override { return 0; }
   DeviceMemoryInfo memory_info(DeviceIndex device) override;
@@ -51,6 +61,20 @@ class HostRuntime : public Runtime {
   void complete_events(const StreamRef* stream = nullptr);
   // The next `n` allocate_managed calls return nullptr (device OOM).
   void fail_next_allocations(int n) { fail_next_ = n; }
+  // The next `n` prefetch calls throw RuntimeError.
+  void fail_next_prefetches(int n) { fail_prefetch_ = n; }
+  // While held, prefetch calls block (a driver holding the calling thread).
+  void hold_prefetches(bool hold);
+  // Flags are not supported (create_flag returns nullptr).
+  void disable_flags() { flags_supported_ = false; }
+  // Prefetches in call order: (ptr, bytes, target, stream).
+  struct PrefetchCall {
+    const void* ptr;
+    std::size_t bytes;
+    DeviceIndex target;
+    StreamRef stream;
+  };
+  std::vector<PrefetchCall> prefetch_log() const;
   Counters counters() const;
   std::size_t bytes_in_use() const;
   // Everything advise() was told for ranges starting at `ptr`.
@@ -66,6 +90,12 @@ class HostRuntime : public Runtime {
   mutable std::mutex mutex_;
   bool auto_complete_ = true;
   std::atomic<int> fail_next_{0};
+  std::atomic<int> fail_prefetch_{0};
+  bool hold_prefetches_ = false;
+  std::condition_variable prefetch_released_;
+  std::atomic<bool> flags_supported_{true};
+  std::uintptr_t next_stream_ = 0x1000;
+  std::vector<PrefetchCall> prefetch_log_;
   std::map<void*, std::size_t> live_;
   std::size_t in_use_ = 0;
   std::set<Event*> events_;

@@ -95,14 +95,20 @@ void install_cuda_slot() {
   });
   pluggable->set_begin_allocate_to_pool(
       [](int, c10::cuda::MempoolId_t pool, std::function<bool(cudaStream_t)> filter) {
-        std::lock_guard<std::mutex> lock(g_capture_mutex);
-        g_capture_filters[pool] = std::move(filter);
-        g_active_captures = static_cast<int>(g_capture_filters.size());
+        {
+          std::lock_guard<std::mutex> lock(g_capture_mutex);
+          g_capture_filters[pool] = std::move(filter);
+          g_active_captures = static_cast<int>(g_capture_filters.size());
+        }
+        note_capture_begin();
       });
   pluggable->set_end_allocate_to_pool_fn([](int, c10::cuda::MempoolId_t pool) {
-    std::lock_guard<std::mutex> lock(g_capture_mutex);
-    g_capture_filters.erase(pool);
-    g_active_captures = static_cast<int>(g_capture_filters.size());
+    {
+      std::lock_guard<std::mutex> lock(g_capture_mutex);
+      g_capture_filters.erase(pool);
+      g_active_captures = static_cast<int>(g_capture_filters.size());
+    }
+    note_capture_end();
   });
   pluggable->set_release_pool([](int, c10::cuda::MempoolId_t) {});
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(custom);

@@ -18,6 +18,8 @@ c10::Device with_index(c10::Device d) {
   return d.is_cuda() && !d.has_index() ? c10::Device(c10::kCUDA, c10::cuda::current_device()) : d;
 }
 
+DeviceIndex to_index(c10::Device d) { return d.is_cpu() ? kCpuDevice : d.index(); }
+
 StreamRef current_stream_ref(c10::Device device) {
   if (!device.is_cuda()) return kHostStream;
   auto stream = c10::cuda::getCurrentCUDAStream(device.index());
@@ -25,12 +27,15 @@ StreamRef current_stream_ref(c10::Device device) {
 }
 
 c10::DataPtr ManagedAllocator::allocate(size_t nbytes) {
-  if (device_.is_cpu() && in_forked_child()) {
-    // No CUDA after fork: DataLoader workers get ordinary memory.
+  if (device_.is_cpu() && (in_forked_child() || capture_underway())) {
+    // No CUDA after fork: DataLoader workers get ordinary memory. During a
+    // graph capture, a new managed segment (cudaMallocManaged) would break
+    // the capture: the scalars PyTorch wraps in CPU tensors get ordinary
+    // memory too.
     return c10::GetDefaultCPUAllocator()->allocate(nbytes);
   }
   auto& a = allocator();
-  DeviceIndex home = device_.is_cpu() ? kCpuDevice : device_.index();
+  DeviceIndex home = to_index(device_);
   void* p = translate_errors([&] { return a.allocate(nbytes, home, current_stream_ref(device_)); });
   return {p, p, &ManagedAllocator::free_managed, device_};
 }
@@ -60,6 +65,20 @@ ManagedAllocator* ManagedAllocator::for_device(c10::Device device) {
     table[slot] = new ManagedAllocator(device.is_cpu() ? c10::Device(c10::kCPU) : device);
   }
   return table[slot];
+}
+
+void* raw_alloc(std::size_t bytes, at::Device device) {
+  TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(),
+                    "torch_uvm::raw_alloc: managed memory is for cpu or cuda devices, not ", device);
+  device = with_index(device);
+  auto& a = allocator();
+  return translate_errors([&] { return a.allocate(bytes, to_index(device), current_stream_ref(device)); });
+}
+
+void raw_free(void* ptr) {
+  if (ptr == nullptr) return;
+  auto& a = allocator();
+  translate_errors([&] { a.free(ptr); });
 }
 
 }  // namespace torch_uvm

@@ -29,6 +29,9 @@ class ManagedAllocator final : public c10::Allocator {
 // `device` with its index filled in: "cuda" means the current GPU.
 c10::Device with_index(c10::Device device);
 
+// The allocator's name for a device: kCpuDevice or the GPU's index.
+DeviceIndex to_index(c10::Device device);
+
 // The stream on which `device` works now: the current CUDA stream of a GPU,
 // or the host "stream" for the CPU.
 StreamRef current_stream_ref(c10::Device device);

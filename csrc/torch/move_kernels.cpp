@@ -4,8 +4,9 @@
 // changes only the device, the kernel below returns a tensor of the new device
 // over the same memory (alias_on_device), marks the allocation as used on the
 // target's stream (so it is not reused while kernels there may read it) and
-// queues a prefetch on that stream; a move to the CPU then waits for the
-// stream unless non_blocking. Anything else (a dtype, layout or memory format
+// schedules a prefetch that the target's stream waits for (from the CPU, a
+// worker thread issues it: prefetch_advise.h); a move to the CPU then waits
+// for the source's stream unless non_blocking. Anything else (a dtype, layout or memory format
 // change, copy=True, set_move_on_copy(False)) copies as PyTorch does.
 //
 // _to_copy cannot see copy=True: aten::to drops it before calling _to_copy.
@@ -22,9 +23,12 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <map>
+#include <mutex>
 
 #include "torch/managed_allocator.h"
 #include "torch/managed_tensor.h"
+#include "torch/prefetch_advise.h"
 #include "torch/state.h"
 #include "torch_uvm/torch_uvm.h"
 
@@ -62,6 +66,21 @@ bool is_pure_move(const at::Tensor& self, std::optional<at::ScalarType> dtype,
   return is_managed(self);
 }
 
+// GPU to GPU: the target's stream must not read before the work queued on
+// the source GPU (which may still be writing the data) is done, as in
+// PyTorch's cross-device copy. One event per source GPU serves every move:
+// a wait takes the event's state when it is queued.
+void wait_for_source(at::Device source, StreamRef target_stream) {
+  static std::mutex mutex;
+  static std::map<DeviceIndex, EventHandle> events;
+  Runtime& rt = allocator().runtime();
+  std::lock_guard<std::mutex> lock(mutex);
+  EventHandle& ready = events[source.index()];
+  if (ready == nullptr) ready = rt.create_event(source.index());
+  rt.record_event(ready, current_stream_ref(source));
+  rt.stream_wait_event(target_stream, ready);
+}
+
 at::Tensor move(const at::Tensor& self, at::Device target, bool non_blocking) {
   if (target.is_cuda()) {
     int count = c10::cuda::device_count();
@@ -73,26 +92,17 @@ at::Tensor move(const at::Tensor& self, at::Device target, bool non_blocking) {
   CachingManagedAllocator& a = allocator();
   // Work on a GPU is ordered on that GPU's current stream; a move to the CPU
   // is ordered after the work queued on the source GPU.
-  at::Device worker = target.is_cuda() ? target : self.device();
-  StreamRef stream = current_stream_ref(worker);
-  if (self.device().is_cuda() && target.is_cuda()) {
-    // GPU to GPU: the target's stream must not read before the work queued
-    // on the source GPU (which may still be writing the data) is done, as in
-    // PyTorch's cross-device copy.
-    translate_errors([&] {
-      Runtime& rt = a.runtime();
-      EventHandle ready = rt.create_event(self.device().index());
-      rt.record_event(ready, current_stream_ref(self.device()));
-      rt.stream_wait_event(current_stream_ref(target), ready);
-      rt.destroy_event(ready);  // released by the driver once it has fired
-    });
-  }
-  if (bytes == 0 || !managed_hints_supported()) return out;
+  StreamRef stream = current_stream_ref(target.is_cuda() ? target : self.device());
   translate_errors([&] {
+    if (self.device().is_cuda() && target.is_cuda()) wait_for_source(self.device(), stream);
     if (target.is_cuda()) a.record_stream(self.storage().data(), stream);
-    DeviceIndex to = target.is_cpu() ? kCpuDevice : target.index();
-    if (g_move_advice) a.runtime().advise(ptr, bytes, Advice::kSetPreferredLocation, to);
-    a.runtime().prefetch(ptr, bytes, to, stream);
+    // No prefetch or advice during a graph capture: neither can be captured.
+    if (bytes == 0 || !managed_hints_supported() || capture_underway()) return;
+    if (g_move_advice) a.runtime().advise(ptr, bytes, Advice::kSetPreferredLocation, to_index(target));
+    // From the CPU, nothing on a GPU may still be writing the pages: the
+    // prefetch can leave this thread. Otherwise it is ordered on `stream`.
+    schedule_prefetch(ptr, bytes, to_index(target), stream,
+                      /*off_thread=*/self.device().is_cpu());
   });
   if (target.is_cpu() && !non_blocking) {
     c10::cuda::getCurrentCUDAStream(self.device().index()).synchronize();

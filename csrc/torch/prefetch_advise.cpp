@@ -4,6 +4,7 @@
 
 #include "torch/managed_allocator.h"
 #include "torch/managed_tensor.h"
+#include "torch/prefetch_advise.h"
 #include "torch/state.h"
 #include "torch_uvm/torch_uvm.h"
 
@@ -30,9 +31,22 @@ void check_device(at::Device device, const char* what) {
   }
 }
 
-DeviceIndex to_index(at::Device d) { return d.is_cpu() ? kCpuDevice : d.index(); }
-
 }  // namespace
+
+// Up to one large page, the driver call costs ~0.05 ms and the hand-off to
+// the worker adds more to the time until the data is ready than it saves
+// (benchmarks/results, table 3, 1 MiB rows): such prefetches stay inline.
+constexpr std::size_t kOffThreadMinBytes = 2u << 20;
+
+void schedule_prefetch(const void* ptr, std::size_t bytes, DeviceIndex target,
+                       StreamRef stream, bool off_thread) {
+  report_prefetch_errors();
+  if (off_thread && bytes > kOffThreadMinBytes && target != kCpuDevice &&
+      stream.device == target) {
+    if (PrefetchQueue* q = prefetch_queue(); q && q->submit(ptr, bytes, target, stream)) return;
+  }
+  allocator().runtime().prefetch(ptr, bytes, target, stream);
+}
 
 void prefetch(const at::Tensor& t, std::optional<at::Device> device,
               std::optional<c10::Stream> stream) {
@@ -52,7 +66,10 @@ void prefetch(const at::Tensor& t, std::optional<at::Device> device,
   }
   auto [ptr, bytes] = tensor_span(t);
   if (bytes == 0) return;
-  translate_errors([&] { allocator().runtime().prefetch(ptr, bytes, to_index(target), ref); });
+  // Explicit prefetches leave the caller's thread too: the stream still
+  // waits for them.
+  if (capture_underway()) return;
+  translate_errors([&] { schedule_prefetch(ptr, bytes, to_index(target), ref, true); });
 }
 
 void advise(const at::Tensor& t, const std::string& advice, std::optional<at::Device> device) {

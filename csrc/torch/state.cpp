@@ -18,6 +18,8 @@ namespace {
 std::atomic<CachingManagedAllocator*> g_allocator{nullptr};
 std::atomic<bool> g_forked_child{false};
 std::atomic<bool> g_hints{true};
+std::atomic<int> g_captures{0};
+std::atomic<PrefetchQueue*> g_queue{nullptr};
 std::mutex g_create_mutex;
 
 void mark_forked_child() { g_forked_child = true; }
@@ -29,6 +31,47 @@ CachingManagedAllocator* allocator_if_created() { return g_allocator.load(); }
 bool in_forked_child() { return g_forked_child.load(std::memory_order_relaxed); }
 
 bool managed_hints_supported() { return g_hints.load(); }
+
+void note_capture_begin() {
+  allocator().begin_capture();
+  ++g_captures;
+}
+
+void note_capture_end() {
+  --g_captures;
+  translate_errors([] { allocator().end_capture(); });
+}
+
+bool capture_underway() { return g_captures.load(std::memory_order_relaxed) > 0; }
+
+PrefetchQueue* prefetch_queue() {
+  if (auto* q = g_queue.load()) return q;
+  CachingManagedAllocator& a = allocator();
+  const AllocatorConfig& config = a.policy().config();
+  if (!config.async_prefetch || in_forked_child()) return nullptr;
+  std::lock_guard<std::mutex> lock(g_create_mutex);
+  if (auto* q = g_queue.load()) return q;
+  // Leaked like the allocator; its worker is stopped at exit, before the
+  // CUDA runtime (initialized earlier, so torn down later) goes away.
+  auto* q = new PrefetchQueue(a.runtime(), {config.prefetch_chunk});
+  // cudaFree synchronizes the device, including streams waiting on the
+  // queue's worker: let it issue everything before a segment is freed.
+  a.set_before_release([q] { q->drain(); });
+  g_queue.store(q);
+  std::atexit([] {
+    if (auto* queue = g_queue.load(); queue != nullptr && !in_forked_child()) queue->stop();
+  });
+  return q;
+}
+
+void report_prefetch_errors() {
+  if (auto* q = g_queue.load()) {
+    if (auto error = q->take_error()) {
+      TORCH_WARN("torch_uvm: an asynchronous prefetch failed (the data is intact; "
+                 "kernels page-fault instead): ", *error);
+    }
+  }
+}
 
 CachingManagedAllocator& allocator() {
   if (auto* a = g_allocator.load()) return *a;

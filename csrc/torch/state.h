@@ -7,6 +7,7 @@
 #include <atomic>
 
 #include "core/caching_managed_allocator.h"
+#include "core/prefetch_queue.h"
 
 namespace torch_uvm {
 
@@ -20,6 +21,23 @@ bool in_forked_child();
 
 // Whether prefetch and advice work on this machine (concurrentManagedAccess).
 bool managed_hints_supported();
+
+// CUDA graph captures under way, as PyTorch announces them to the pluggable
+// allocator (cuda_slot.cpp). While one is, torch_uvm makes no driver call
+// that would break it: CPU tensors come from the ordinary CPU allocator and
+// moves skip their prefetch.
+void note_capture_begin();
+void note_capture_end();
+bool capture_underway();
+
+// The worker that issues prefetches off the caller's thread
+// (core/prefetch_queue.h), or nullptr when PYTORCH_UVM_ALLOC_CONF turned
+// async_prefetch off. Created with the allocator's runtime on first use and
+// stopped at exit.
+PrefetchQueue* prefetch_queue();
+
+// Reports, as a warning, a failure of an earlier asynchronous prefetch.
+void report_prefetch_errors();
 
 // Translates the core's exceptions into c10 errors (ValueError, OutOfMemory,
 // RuntimeError) so Python sees the right exception type.

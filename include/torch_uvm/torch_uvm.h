@@ -56,6 +56,13 @@ void prefetch(const at::Tensor& t, std::optional<at::Device> device = std::nullo
 void advise(const at::Tensor& t, const std::string& advice,
             std::optional<at::Device> device = std::nullopt);
 
+// Raw managed memory from the caching allocator, for buffers that are not
+// tensors (c10::cuda::CUDACachingAllocator::raw_alloc's counterpart): `bytes`
+// whose home is `device` (cpu or cuda[:N]), ordered on its current stream.
+// raw_free throws for a pointer raw_alloc did not return.
+void* raw_alloc(std::size_t bytes, at::Device device);
+void raw_free(void* ptr);
+
 // Statistics with the keys of torch.cuda.memory_stats().
 std::vector<std::pair<std::string, int64_t>> memory_stats();
 void empty_cache();

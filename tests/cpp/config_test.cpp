@@ -11,7 +11,8 @@ TEST(Config, ParsesEveryOption) {
   auto c = parse_config(
       "max_split_size_mb:256, roundup_power2_divisions:4,release_threshold_mb:64,"
       "small_segment_mb:4,large_segment_mb:32,cap_fraction:0.5,cap_mb:1024,"
-      "allow_oversubscription:True,advise_segments:off");
+      "allow_oversubscription:True,advise_segments:off,async_prefetch:no,"
+      "prefetch_chunk_mb:64");
   EXPECT_EQ(c.max_split_size, 256u << 20);
   EXPECT_EQ(c.roundup_power2_divisions, 4u);
   EXPECT_EQ(c.release_threshold, 64u << 20);
@@ -21,6 +22,8 @@ TEST(Config, ParsesEveryOption) {
   EXPECT_EQ(c.cap_bytes, 1024ull << 20);
   EXPECT_TRUE(c.allow_oversubscription);
   EXPECT_FALSE(c.advise_segments);
+  EXPECT_FALSE(c.async_prefetch);
+  EXPECT_EQ(c.prefetch_chunk, 64u << 20);
 }
 
 TEST(Config, EmptyTextKeepsDefaults) {
@@ -63,7 +66,7 @@ TEST(Config, BooleansAcceptTheUsualSpellings) {
 
 TEST(Config, EveryOptionIsDescribed) {
   auto lines = describe_options();
-  EXPECT_EQ(lines.size(), 9u);
+  EXPECT_EQ(lines.size(), 11u);
   EXPECT_NE(lines[0].find("max_split_size_mb (default unlimited)"), std::string::npos);
 }
 

@@ -100,6 +100,51 @@ TEST_F(HostAllocatorTest, EmptyCacheWaitsForPendingFrees) {
   EXPECT_EQ(runtime_->bytes_in_use(), 0u);
 }
 
+// During a CUDA graph capture any event call or release would break the
+// capture: the allocator makes none, and catches up when the capture ends.
+TEST_F(HostAllocatorTest, DuringGraphCaptureNoEventOrReleaseCallIsMade) {
+  runtime_->set_auto_complete_events(false);
+  void* p = allocator_->allocate(1 << 20, 0, kA);
+  allocator_->record_stream(p, kB);
+  void* cached = allocator_->allocate(8 << 20, 0, kA);
+  allocator_->free(cached);
+  allocator_->begin_capture();
+  auto before = runtime_->counters();
+  allocator_->free(p);                       // used on B: parked, no event yet
+  void* q = allocator_->allocate(1 << 20, 0, kA);
+  EXPECT_NE(q, p);                           // not reused while B may read it
+  allocator_->free(q);
+  allocator_->empty_cache();                 // a no-op during capture
+  allocator_->check_invariants();
+  auto during = runtime_->counters();
+  EXPECT_EQ(during.event_records, before.event_records);
+  EXPECT_EQ(during.event_queries, before.event_queries);
+  EXPECT_EQ(during.event_syncs, before.event_syncs);
+  EXPECT_EQ(during.frees, before.frees);
+  allocator_->end_capture();                 // now the event is recorded on B
+  EXPECT_EQ(runtime_->counters().event_records, before.event_records + 1);
+  void* r = allocator_->allocate(1 << 20, 0, kA);
+  EXPECT_NE(r, p);                           // B has not finished
+  allocator_->free(r);
+  runtime_->complete_events(&kB);
+  void* s = allocator_->allocate(1 << 20, 0, kA);
+  EXPECT_EQ(s, p);
+  allocator_->free(s);
+  EXPECT_THROW(allocator_->end_capture(), InvalidArgument);
+}
+
+TEST_F(HostAllocatorTest, NestedCapturesReleaseParkedBlocksAfterTheLast) {
+  void* p = allocator_->allocate(4096, 0, kA);
+  allocator_->record_stream(p, kB);
+  allocator_->begin_capture();
+  allocator_->begin_capture();
+  allocator_->free(p);
+  allocator_->end_capture();
+  auto records = runtime_->counters().event_records;
+  allocator_->end_capture();
+  EXPECT_EQ(runtime_->counters().event_records, records + 1);
+}
+
 TEST_F(HostAllocatorTest, EventsAreReused) {
   for (int i = 0; i < 10; ++i) {
     void* p = allocator_->allocate(4096, 0, kA);

@@ -6,7 +6,7 @@ import pickle
 import pytest
 import torch
 
-from conftest import gpu, multigpu
+from conftest import run_python, gpu, multigpu
 
 pytestmark = gpu
 
@@ -49,6 +49,36 @@ def test_moves_are_zero_copy_and_bit_exact(uvm):
     z = y.to("cpu")
     assert z.data_ptr() == x.data_ptr() and torch.equal(z, reference * 2)
     assert y.cuda() is y and z.cpu() is z
+
+
+def test_large_moves_prefetch_off_thread_and_kernels_see_the_data(uvm):
+    # 64 MiB: above the inline limit, so a worker thread issues the prefetch
+    # and the stream waits for it. Kernels queued right after the call, on
+    # the default or a side stream, must read what the CPU wrote just before.
+    x = torch.arange(16 << 20, dtype=torch.int32)
+    side = torch.cuda.Stream()
+    for round in range(4):
+        x.add_(1)                                   # CPU writes, pages on the host
+        stream = side if round % 2 else torch.cuda.current_stream()
+        with torch.cuda.stream(stream):
+            y = x.to("cuda", non_blocking=True)
+            assert y.data_ptr() == x.data_ptr()
+            z = y * 2                               # queued behind the prefetch
+        stream.synchronize()
+        expected = (torch.arange(16 << 20, dtype=torch.int32) + round + 1) * 2
+        assert torch.equal(z.cpu(), expected)
+        del y, z
+
+
+def test_moves_work_with_async_prefetch_off():
+    r = run_python("""
+        import torch, torch_uvm
+        torch_uvm.set_enabled_uvm(True)
+        x = torch.ones(16 << 20)
+        y = x.to('cuda')
+        print(y.data_ptr() == x.data_ptr(), y.sum().item())
+    """, env={"PYTORCH_UVM_ALLOC_CONF": "async_prefetch:false"})
+    assert r.stdout.split() == ["True", str(float(16 << 20))], r.stdout + r.stderr
 
 
 def test_cuda_born_tensor_moves_to_cpu_after_its_kernels(uvm):
