@@ -55,6 +55,8 @@ TEST(Config, MalformedValuesNameTheProblem) {
   expect_error("cap_fraction:nan", "non-negative number");
   expect_error("allow_oversubscription:maybe", "expected 1/0");
   expect_error("large_segment_mb:4", "at least 10");
+  expect_error("async_prefetch:maybe", "option 'async_prefetch'");
+  expect_error("prefetch_chunk_mb:-1", "option 'prefetch_chunk_mb'");
 }
 
 TEST(Config, BooleansAcceptTheUsualSpellings) {
