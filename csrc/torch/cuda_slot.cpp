@@ -8,7 +8,6 @@
 #include <cuda_runtime_api.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
-#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -34,12 +33,11 @@ DeviceIndex stream_device(cudaStream_t stream) {
 // would be baked into the graph and its block reused between replays; PyTorch
 // solves that with private pools, which torch_uvm does not have yet, so such an
 // allocation is refused with a clear error instead of corrupting memory.
-std::atomic<int> g_active_captures{0};
 std::mutex g_capture_mutex;
 std::map<c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)>> g_capture_filters;
 
 void refuse_allocation_during_capture(cudaStream_t stream) {
-  if (g_active_captures.load(std::memory_order_relaxed) == 0) return;
+  if (!capture_underway()) return;
   std::lock_guard<std::mutex> lock(g_capture_mutex);
   for (const auto& [pool, filter] : g_capture_filters) {
     TORCH_CHECK(!filter(stream),
@@ -98,7 +96,6 @@ void install_cuda_slot() {
         {
           std::lock_guard<std::mutex> lock(g_capture_mutex);
           g_capture_filters[pool] = std::move(filter);
-          g_active_captures = static_cast<int>(g_capture_filters.size());
         }
         note_capture_begin();
       });
@@ -106,7 +103,6 @@ void install_cuda_slot() {
     {
       std::lock_guard<std::mutex> lock(g_capture_mutex);
       g_capture_filters.erase(pool);
-      g_active_captures = static_cast<int>(g_capture_filters.size());
     }
     note_capture_end();
   });
