@@ -49,11 +49,17 @@ for stage in $stages; do
         -L"$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")/lib64" -lcudart \
         || summary+=("raw_managed_alloc.so: build failed")
       ;;
+    smoke)  # the extension alone, then the tests named by PYTEST_ARGS
+      run ext_build python3 setup.py build_ext --inplace
+      run pytest timeout ${PYTEST_LIMIT:-400} python3 -m pytest -v -rsP --timeout 300 ${PYTEST_K:+-k "$PYTEST_K"} \
+          ${PYTEST_ARGS:-tests/python}
+      ;;
     test)
       run cuda_tests timeout 180 ./build-gpu/cuda_tests
       # pytest-timeout (in the GPU image) names a test that hangs, with its stack.
-      run pytest env TORCH_UVM_CPP_PREFIX="$PWD/build-prefix" timeout 300 \
-          python3 -m pytest -v -rs --timeout 90 tests/python
+      # PYTEST_ARGS picks tests (default: all); torch.compile tests take minutes.
+      run pytest env TORCH_UVM_CPP_PREFIX="$PWD/build-prefix" timeout ${PYTEST_LIMIT:-480} \
+          python3 -m pytest -v -rsP --timeout 120 ${PYTEST_ARGS:-tests/python} ${PYTEST_K:+-k "$PYTEST_K"}
       ;;
     stress)
       # 10^7 operations on cudaMallocManaged, invariants checked every step.

@@ -48,6 +48,9 @@ struct Segment {
   // The stream the segment's blocks are allocated on. A free block serves
   // requests on this stream at once; other streams never see it.
   StreamRef stream;
+  // The private pool the segment belongs to (kDefaultPool for the ordinary
+  // cache). Its blocks serve only requests routed to that pool.
+  PoolId pool = kDefaultPool;
   bool small = false;   // belongs to the small pool
   Block* head = nullptr;  // the block at `base`
   std::size_t allocated_blocks = 0;  // blocks in kAllocated or kPendingFree

@@ -7,13 +7,14 @@ namespace torch_uvm {
 bool BlockOrder::operator()(const Block* a, const Block* b) const {
   const Segment& sa = *a->segment;
   const Segment& sb = *b->segment;
-  return std::tie(sa.home, sa.stream, a->size, a->ptr) <
-         std::tie(sb.home, sb.stream, b->size, b->ptr);
+  return std::tie(sa.pool, sa.home, sa.stream, a->size, a->ptr) <
+         std::tie(sb.pool, sb.home, sb.stream, b->size, b->ptr);
 }
 
-Block* BlockPool::best_fit(DeviceIndex home, StreamRef stream,
+Block* BlockPool::best_fit(PoolId pool, DeviceIndex home, StreamRef stream,
                            std::size_t size) const {
   Segment key_segment;
+  key_segment.pool = pool;
   key_segment.home = home;
   key_segment.stream = stream;
   Block key;
@@ -23,7 +24,7 @@ Block* BlockPool::best_fit(DeviceIndex home, StreamRef stream,
   auto it = blocks_.lower_bound(&key);
   if (it == blocks_.end()) return nullptr;
   const Segment& found = *(*it)->segment;
-  if (found.home != home || found.stream != stream) return nullptr;
+  if (found.pool != pool || found.home != home || found.stream != stream) return nullptr;
   return *it;
 }
 

@@ -1,6 +1,7 @@
-// Cached free blocks, searchable by best fit. Blocks are ordered by (home,
-// stream, size, address): the smallest block of the right home and stream that
-// is at least the request is one lower_bound away, so a cache hit is O(log n).
+// Cached free blocks, searchable by best fit. Blocks are ordered by (pool,
+// home, stream, size, address): the smallest block of the right pool, home and
+// stream that is at least the request is one lower_bound away, so a cache hit
+// is O(log n).
 #pragma once
 
 #include <cstddef>
@@ -19,9 +20,9 @@ class BlockPool {
   void insert(Block* block) { blocks_.insert(block); }
   void erase(Block* block) { blocks_.erase(block); }
 
-  // The smallest cached block with this home and stream and size >= `size`,
-  // or nullptr.
-  Block* best_fit(DeviceIndex home, StreamRef stream, std::size_t size) const;
+  // The smallest cached block of this pool, home and stream with size >=
+  // `size`, or nullptr.
+  Block* best_fit(PoolId pool, DeviceIndex home, StreamRef stream, std::size_t size) const;
 
   std::size_t count() const { return blocks_.size(); }
   const std::set<Block*, BlockOrder>& blocks() const { return blocks_; }

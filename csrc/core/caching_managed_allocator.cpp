@@ -2,23 +2,12 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
 #include <stdexcept>
 
 #include "core/block_split.h"
 #include "core/errors.h"
 
 namespace torch_uvm {
-namespace {
-
-std::string hex(const void* p) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "0x%llx",
-                static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(p)));
-  return buf;
-}
-
-}  // namespace
 
 CachingManagedAllocator::CachingManagedAllocator(std::shared_ptr<Runtime> runtime,
                                                  AllocatorConfig config)
@@ -27,11 +16,12 @@ CachingManagedAllocator::CachingManagedAllocator(std::shared_ptr<Runtime> runtim
       cap_(*runtime_, config),
       release_threshold_(config.release_threshold),
       device_count_(runtime_->device_count()),
-      pending_(*runtime_) {
-  stats_.max_split_size = config.max_split_size == SIZE_MAX
-                              ? 0
-                              : static_cast<int64_t>(config.max_split_size);
-  stats_.cap_bytes = static_cast<int64_t>(cap_.cap());
+      pending_(*runtime_),
+      stats_(device_count_) {
+  stats_.set(&MemoryStats::max_split_size,
+             config.max_split_size == SIZE_MAX ? 0 : static_cast<int64_t>(config.max_split_size));
+  // The cap is known once a GPU is first used (memory_cap.h).
+  stats_.set(&MemoryStats::cap_bytes, static_cast<int64_t>(config.cap_bytes));
 }
 
 CachingManagedAllocator::~CachingManagedAllocator() {
@@ -68,56 +58,64 @@ void* CachingManagedAllocator::allocate(std::size_t bytes, DeviceIndex home,
   std::size_t size = policy_.round_request(bytes);
   std::lock_guard<std::mutex> lock(mutex_);
   if (!pending_.empty() && captures_underway_ == 0) drain_pending(/*wait=*/false);
-  Block* block = allocate_block(size, bytes, home, stream);
+  const Placement where{home, stream, pool_for(stream)};
+  Block* block = allocate_block(size, bytes, where);
+  hand_out(block, bytes);
+  return block->ptr;
+}
 
-  const bool small = block->segment->small;
+void CachingManagedAllocator::hand_out(Block* block, std::size_t requested) {
+  const Segment& seg = *block->segment;
+  const auto bytes = static_cast<int64_t>(block->size);
   block->state = BlockState::kAllocated;
-  block->requested = bytes;
+  block->requested = requested;
   ++block->segment->allocated_blocks;
   live_blocks_.emplace(block->ptr, block);
-  stats_.allocation.increase(small, 1);
-  stats_.allocated_bytes.increase(small, static_cast<int64_t>(block->size));
-  stats_.active.increase(small, 1);
-  stats_.active_bytes.increase(small, static_cast<int64_t>(block->size));
-  stats_.requested_bytes.increase(small, static_cast<int64_t>(bytes));
+  stats_.increase(&MemoryStats::allocation, seg.home, seg.small, 1);
+  stats_.increase(&MemoryStats::allocated_bytes, seg.home, seg.small, bytes);
+  stats_.increase(&MemoryStats::active, seg.home, seg.small, 1);
+  stats_.increase(&MemoryStats::active_bytes, seg.home, seg.small, bytes);
+  stats_.increase(&MemoryStats::requested_bytes, seg.home, seg.small,
+                  static_cast<int64_t>(requested));
   if (block->size >= policy_.config().max_split_size) {
-    stats_.oversize_allocations.increase(small, 1);
+    stats_.increase(&MemoryStats::oversize_allocations, seg.home, seg.small, 1);
   }
-  return block->ptr;
+  if (observer_) notify(AllocatorEvent::kAlloc, block, requested);
 }
 
 Block* CachingManagedAllocator::allocate_block(std::size_t size,
                                                std::size_t requested,
-                                               DeviceIndex home,
-                                               StreamRef stream) {
+                                               const Placement& where) {
   const bool small = policy_.is_small(size);
-  if (Block* b = take_cached_block(size, home, stream, small)) return b;
-  if (Block* b = new_segment(size, home, stream, small)) return b;
+  if (Block* b = take_cached_block(size, where, small)) return b;
+  if (Block* b = new_segment(size, where, small)) return b;
   if (captures_underway_ > 0) {
-    ++stats_.num_ooms;
-    throw_oom(requested, size, home,
+    throw_oom(requested, size, where,
               "a CUDA graph is being captured, so the cache cannot be released "
               "to make room");
   }
   // Slow path: give cached memory back to the runtime and try once more.
-  ++stats_.num_alloc_retries;
+  stats_.count(&MemoryStats::num_alloc_retries, where.home);
   drain_pending(/*wait=*/true);
-  if (Block* b = take_cached_block(size, home, stream, small)) return b;
+  if (Block* b = take_cached_block(size, where, small)) return b;
   release_cached(/*keep=*/0);
-  if (Block* b = new_segment(size, home, stream, small)) return b;
-  ++stats_.num_ooms;
+  if (Block* b = new_segment(size, where, small)) return b;
   std::size_t segment = policy_.segment_size(size);
-  throw_oom(requested, size, home,
-            cap_.admits(stats_.reserved_bytes.all().current, segment)
-                ? "the device has no managed memory left"
-                : "the request would exceed the managed memory cap");
+  const char* why = "the device has no managed memory left";
+  if (!cap_.admits(static_cast<std::size_t>(stats_.total().reserved_bytes.all().current),
+                   segment)) {
+    why = "the request would exceed the managed memory cap";
+  } else if (!cap_.admits_on(where.home, reserved_on(where.home), segment)) {
+    why = "the request would exceed the device's memory fraction "
+          "(torch.cuda.set_per_process_memory_fraction)";
+  }
+  throw_oom(requested, size, where, why);
 }
 
-Block* CachingManagedAllocator::take_cached_block(std::size_t size,
-                                                  DeviceIndex home,
-                                                  StreamRef stream, bool small) {
+Block* CachingManagedAllocator::take_cached_block(std::size_t size, const Placement& where,
+                                                  bool small) {
   BlockPool& pool = small ? small_pool_ : large_pool_;
-  Block* block = pool.best_fit(home, stream, size);
+  Block* block = pool.best_fit(where.pool, where.home, where.stream, size);
   if (block == nullptr || !policy_.may_serve(block->size, size)) return nullptr;
   pool_erase(block);
   if (policy_.should_split(block->size, size)) {
@@ -126,11 +124,14 @@ Block* CachingManagedAllocator::take_cached_block(std::size_t size,
   return block;
 }
 
-Block* CachingManagedAllocator::new_segment(std::size_t size, DeviceIndex home,
-                                            StreamRef stream, bool small) {
+Block* CachingManagedAllocator::new_segment(std::size_t size, const Placement& where,
+                                            bool small) {
   std::size_t bytes = policy_.segment_size(size);
-  if (!cap_.admits(static_cast<std::size_t>(stats_.reserved_bytes.all().current),
-                   bytes)) {
+  cap_.use_device(where.home == kCpuDevice ? runtime_->current_device() : where.home);
+  stats_.set(&MemoryStats::cap_bytes, static_cast<int64_t>(cap_.cap()));
+  if (!cap_.admits(static_cast<std::size_t>(stats_.total().reserved_bytes.all().current),
+                   bytes) ||
+      !cap_.admits_on(where.home, reserved_on(where.home), bytes)) {
     return nullptr;
   }
   void* base = runtime_->allocate_managed(bytes);
@@ -139,8 +140,9 @@ Block* CachingManagedAllocator::new_segment(std::size_t size, DeviceIndex home,
   auto* segment = new Segment();
   segment->base = static_cast<char*>(base);
   segment->size = bytes;
-  segment->home = home;
-  segment->stream = stream;
+  segment->home = where.home;
+  segment->stream = where.stream;
+  segment->pool = where.pool;
   segment->small = small;
   try {
     advise_new_segment(*segment);
@@ -155,13 +157,15 @@ Block* CachingManagedAllocator::new_segment(std::size_t size, DeviceIndex home,
   block->segment = segment;
   segment->head = block;
   segments_.emplace(segment->base, segment);
+  if (segment->pool != kDefaultPool) ++pools_[segment->pool].segments;
 
-  ++stats_.num_device_alloc;
-  stats_.segment.increase(small, 1);
-  stats_.reserved_bytes.increase(small, static_cast<int64_t>(bytes));
+  stats_.count(&MemoryStats::num_device_alloc, where.home);
+  stats_.increase(&MemoryStats::segment, where.home, small, 1);
+  stats_.increase(&MemoryStats::reserved_bytes, where.home, small, static_cast<int64_t>(bytes));
   if (bytes >= policy_.config().max_split_size) {
-    stats_.oversize_segments.increase(small, 1);
+    stats_.increase(&MemoryStats::oversize_segments, where.home, small, 1);
   }
+  if (observer_) notify(AllocatorEvent::kSegmentAlloc, block, bytes);
   if (policy_.should_split(block->size, size)) {
     pool_insert(split_block(block, size));
   }
@@ -184,20 +188,29 @@ void CachingManagedAllocator::advise_new_segment(const Segment& segment) {
   }
 }
 
-void CachingManagedAllocator::throw_oom(std::size_t requested,
-                                        std::size_t rounded, DeviceIndex home,
-                                        const char* why) {
-  const auto& reserved = stats_.reserved_bytes.all().current;
-  const auto& allocated = stats_.allocated_bytes.all().current;
+void CachingManagedAllocator::throw_oom(std::size_t requested, std::size_t rounded,
+                                        const Placement& where, const char* why) {
+  stats_.count(&MemoryStats::num_ooms, where.home);
+  if (observer_) {
+    observer_({AllocatorEvent::kOom, nullptr, requested, where.home, where.stream, where.pool});
+  }
+  const auto& reserved = stats_.total().reserved_bytes.all().current;
+  const auto& allocated = stats_.total().allocated_bytes.all().current;
   throw OutOfMemoryError(detail::concat(
       "torch_uvm: out of managed memory: ", why, ". Tried to allocate ",
       format_bytes(requested), " (", format_bytes(rounded), " rounded) for ",
-      device_name(home), "; the cap is ", format_bytes(cap_.cap()), ", ",
+      device_name(where.home), "; the cap is ", format_bytes(cap_.cap()), ", ",
       format_bytes(static_cast<std::size_t>(allocated)), " is allocated and ",
       format_bytes(static_cast<std::size_t>(reserved)),
       " reserved after releasing the cache. Free tensors, lower the batch "
       "size, or raise the cap with torch_uvm.set_memory_cap() if the device "
       "has the memory."));
+}
+
+void CachingManagedAllocator::notify(AllocatorEvent::Kind kind, const Block* block,
+                                     std::size_t size) {
+  const Segment& seg = *block->segment;
+  observer_({kind, block->ptr, size, seg.home, seg.stream, seg.pool});
 }
 
 // ---- free ------------------------------------------------------------------
@@ -211,13 +224,7 @@ void CachingManagedAllocator::free(void* ptr) {
                       "never allocated here, or was already freed)");
   Block* block = it->second;
   live_blocks_.erase(it);
-  const bool small = block->segment->small;
-  stats_.allocation.decrease(small, 1);
-  stats_.allocated_bytes.decrease(small, static_cast<int64_t>(block->size));
-  stats_.requested_bytes.decrease(small, static_cast<int64_t>(block->requested));
-  if (block->size >= policy_.config().max_split_size) {
-    stats_.oversize_allocations.decrease(small, 1);
-  }
+  take_back(block);
   if (block->stream_uses.empty()) {
     return_to_pool(block);
   } else if (captures_underway_ > 0) {
@@ -226,6 +233,19 @@ void CachingManagedAllocator::free(void* ptr) {
   } else {
     pending_.defer(block);
   }
+}
+
+void CachingManagedAllocator::take_back(Block* block) {
+  const Segment& seg = *block->segment;
+  stats_.decrease(&MemoryStats::allocation, seg.home, seg.small, 1);
+  stats_.decrease(&MemoryStats::allocated_bytes, seg.home, seg.small,
+                  static_cast<int64_t>(block->size));
+  stats_.decrease(&MemoryStats::requested_bytes, seg.home, seg.small,
+                  static_cast<int64_t>(block->requested));
+  if (block->size >= policy_.config().max_split_size) {
+    stats_.decrease(&MemoryStats::oversize_allocations, seg.home, seg.small, 1);
+  }
+  if (observer_) notify(AllocatorEvent::kFreeRequested, block, block->size);
 }
 
 void CachingManagedAllocator::begin_capture() {
@@ -245,9 +265,11 @@ void CachingManagedAllocator::end_capture() {
 }
 
 void CachingManagedAllocator::return_to_pool(Block* block) {
-  const bool small = block->segment->small;
-  stats_.active.decrease(small, 1);
-  stats_.active_bytes.decrease(small, static_cast<int64_t>(block->size));
+  const Segment& seg = *block->segment;
+  stats_.decrease(&MemoryStats::active, seg.home, seg.small, 1);
+  stats_.decrease(&MemoryStats::active_bytes, seg.home, seg.small,
+                  static_cast<int64_t>(block->size));
+  if (observer_) notify(AllocatorEvent::kFreeCompleted, block, block->size);
   --block->segment->allocated_blocks;
   block->state = BlockState::kFree;
   block->requested = 0;
@@ -261,24 +283,26 @@ void CachingManagedAllocator::return_to_pool(Block* block) {
 void CachingManagedAllocator::pool_insert(Block* block) {
   pool_of(block).insert(block);
   if (block->is_split()) {
-    const bool small = block->segment->small;
-    stats_.inactive_split.increase(small, 1);
-    stats_.inactive_split_bytes.increase(small, static_cast<int64_t>(block->size));
+    const Segment& seg = *block->segment;
+    stats_.increase(&MemoryStats::inactive_split, seg.home, seg.small, 1);
+    stats_.increase(&MemoryStats::inactive_split_bytes, seg.home, seg.small,
+                    static_cast<int64_t>(block->size));
   }
 }
 
 void CachingManagedAllocator::pool_erase(Block* block) {
   pool_of(block).erase(block);
   if (block->is_split()) {
-    const bool small = block->segment->small;
-    stats_.inactive_split.decrease(small, 1);
-    stats_.inactive_split_bytes.decrease(small, static_cast<int64_t>(block->size));
+    const Segment& seg = *block->segment;
+    stats_.decrease(&MemoryStats::inactive_split, seg.home, seg.small, 1);
+    stats_.decrease(&MemoryStats::inactive_split_bytes, seg.home, seg.small,
+                    static_cast<int64_t>(block->size));
   }
 }
 
 void CachingManagedAllocator::drain_pending(bool wait) {
   if (pending_.empty()) return;
-  if (wait) ++stats_.num_sync_all_streams;
+  if (wait) stats_.count(&MemoryStats::num_sync_all_streams, kCpuDevice);
   std::vector<Block*> ready =
       wait ? pending_.take_all_synchronized() : pending_.take_completed();
   for (Block* b : ready) return_to_pool(b);
@@ -317,6 +341,17 @@ std::optional<AllocationInfo> CachingManagedAllocator::find_allocation(
                         b->segment->stream};
 }
 
+std::pair<void*, std::size_t> CachingManagedAllocator::segment_of(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto* p = static_cast<char*>(const_cast<void*>(ptr));
+  auto it = segments_.upper_bound(p);
+  if (it == segments_.begin()) return {nullptr, 0};
+  --it;
+  const Segment* s = it->second;
+  if (p >= s->base + s->size) return {nullptr, 0};
+  return {s->base, s->size};
+}
+
 // ---- releasing the cache ---------------------------------------------------
 
 void CachingManagedAllocator::release_segment(Segment* segment) {
@@ -324,12 +359,15 @@ void CachingManagedAllocator::release_segment(Segment* segment) {
   pool_erase(block);
   runtime_->free_managed(segment->base);
   segments_.erase(segment->base);
+  if (segment->pool != kDefaultPool) --pools_[segment->pool].segments;
   const bool small = segment->small;
-  ++stats_.num_device_free;
-  stats_.segment.decrease(small, 1);
-  stats_.reserved_bytes.decrease(small, static_cast<int64_t>(segment->size));
+  const DeviceIndex home = segment->home;
+  if (observer_) notify(AllocatorEvent::kSegmentFree, block, segment->size);
+  stats_.count(&MemoryStats::num_device_free, home);
+  stats_.decrease(&MemoryStats::segment, home, small, 1);
+  stats_.decrease(&MemoryStats::reserved_bytes, home, small, static_cast<int64_t>(segment->size));
   if (segment->size >= policy_.config().max_split_size) {
-    stats_.oversize_segments.decrease(small, 1);
+    stats_.decrease(&MemoryStats::oversize_segments, home, small, 1);
   }
   delete block;
   delete segment;
@@ -340,7 +378,7 @@ std::size_t CachingManagedAllocator::release_cached(std::size_t keep) {
   std::vector<Segment*> free_segments;
   std::size_t cached = 0;
   for (auto& [base, segment] : segments_) {
-    if (segment->allocated_blocks == 0) {
+    if (segment->allocated_blocks == 0 && releasable(*segment)) {
       free_segments.push_back(segment);
       cached += segment->size;
     }
@@ -357,6 +395,7 @@ std::size_t CachingManagedAllocator::release_cached(std::size_t keep) {
     released += segment->size;
     release_segment(segment);
   }
+  forget_empty_pools();
   return released;
 }
 
@@ -367,11 +406,19 @@ void CachingManagedAllocator::empty_cache() {
   release_cached(release_threshold_);
 }
 
-// ---- statistics, cap, snapshot ---------------------------------------------
+// ---- statistics, cap -------------------------------------------------------
 
 MemoryStats CachingManagedAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return stats_;
+  return stats_.total();
+}
+
+MemoryStats CachingManagedAllocator::stats(DeviceIndex home) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_UVM_CHECK_ARG(home >= kCpuDevice && home < device_count_,
+                      "torch_uvm: no statistics for device ", home, ": valid devices are "
+                      "cpu (-1) and 0..", device_count_ - 1);
+  return stats_.home(home);
 }
 
 void CachingManagedAllocator::reset_peak_stats() {
@@ -379,9 +426,23 @@ void CachingManagedAllocator::reset_peak_stats() {
   stats_.reset_peak();
 }
 
+void CachingManagedAllocator::reset_peak_stats(DeviceIndex home) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_UVM_CHECK_ARG(home >= kCpuDevice && home < device_count_,
+                      "torch_uvm: no statistics for device ", home);
+  stats_.reset_peak(home);
+}
+
 void CachingManagedAllocator::reset_accumulated_stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.reset_accumulated();
+}
+
+void CachingManagedAllocator::reset_accumulated_stats(DeviceIndex home) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_UVM_CHECK_ARG(home >= kCpuDevice && home < device_count_,
+                      "torch_uvm: no statistics for device ", home);
+  stats_.reset_accumulated(home);
 }
 
 std::size_t CachingManagedAllocator::cap() const {
@@ -397,9 +458,8 @@ std::size_t CachingManagedAllocator::safe_cap_limit() const {
 void CachingManagedAllocator::set_cap(std::size_t bytes,
                                       bool allow_oversubscription) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (allow_oversubscription) cap_.set_allow_oversubscription(true);
   auto reserved = [&] {
-    return static_cast<std::size_t>(stats_.reserved_bytes.all().current);
+    return static_cast<std::size_t>(stats_.total().reserved_bytes.all().current);
   };
   if (reserved() > bytes && captures_underway_ == 0) {
     drain_pending(/*wait=*/true);
@@ -410,8 +470,23 @@ void CachingManagedAllocator::set_cap(std::size_t bytes,
       format_bytes(bytes), ": ", format_bytes(reserved()),
       " is in use by live tensors. Free tensors first, or choose a cap of at "
       "least that.");
-  cap_.set(bytes);
-  stats_.cap_bytes = static_cast<int64_t>(bytes);
+  // The opt-in holds for this cap only (memory_cap.h).
+  cap_.set(bytes, allow_oversubscription);
+  stats_.set(&MemoryStats::cap_bytes, static_cast<int64_t>(bytes));
+}
+
+void CachingManagedAllocator::set_memory_fraction(DeviceIndex device, double fraction) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  cap_.set_fraction(device, fraction);
+  if (reserved_on(device) > cap_.fraction_limit(device) && captures_underway_ == 0) {
+    drain_pending(/*wait=*/true);
+    release_cached(/*keep=*/0);
+  }
+}
+
+double CachingManagedAllocator::memory_fraction(DeviceIndex device) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cap_.fraction(device);
 }
 
 void CachingManagedAllocator::set_before_release(std::function<void()> hook) {
@@ -419,148 +494,14 @@ void CachingManagedAllocator::set_before_release(std::function<void()> hook) {
   before_release_ = std::move(hook);
 }
 
+void CachingManagedAllocator::set_observer(AllocatorObserver observer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  observer_ = std::move(observer);
+}
+
 void CachingManagedAllocator::set_release_threshold(std::size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   release_threshold_ = bytes;
-}
-
-std::vector<SegmentSnapshot> CachingManagedAllocator::snapshot() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<SegmentSnapshot> out;
-  for (const auto& [base, segment] : segments_) {
-    SegmentSnapshot s;
-    s.address = reinterpret_cast<std::uintptr_t>(segment->base);
-    s.total_size = segment->size;
-    s.home = segment->home;
-    s.stream = segment->stream;
-    s.segment_type = segment->small ? "small" : "large";
-    for (const Block* b = segment->head; b != nullptr; b = b->next) {
-      BlockSnapshot bs;
-      bs.address = reinterpret_cast<std::uintptr_t>(b->ptr);
-      bs.size = b->size;
-      bs.requested_size = b->requested;
-      switch (b->state) {
-        case BlockState::kAllocated:
-          bs.state = "active_allocated";
-          s.allocated_size += b->size;
-          s.active_size += b->size;
-          break;
-        case BlockState::kPendingFree:
-          bs.state = "active_pending_free";
-          s.active_size += b->size;
-          break;
-        case BlockState::kFree:
-          bs.state = "inactive";
-          break;
-      }
-      s.requested_size += b->requested;
-      s.blocks.push_back(bs);
-    }
-    out.push_back(std::move(s));
-  }
-  return out;
-}
-
-// ---- invariants ------------------------------------------------------------
-
-void CachingManagedAllocator::check_invariants() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto fail = [](const std::string& what) { throw std::logic_error(what); };
-  // Recomputed statistics, indexed [small].
-  int64_t allocation[2] = {}, allocated_bytes[2] = {}, active[2] = {},
-          active_bytes[2] = {}, requested[2] = {}, inactive[2] = {},
-          inactive_bytes[2] = {}, segments[2] = {}, reserved[2] = {};
-  std::size_t free_blocks[2] = {};
-  const char* prev_end = nullptr;
-  for (const auto& [base, segment] : segments_) {
-    const int s = segment->small ? 1 : 0;
-    if (prev_end != nullptr && base < prev_end) fail("segments overlap");
-    prev_end = base + segment->size;
-    ++segments[s];
-    reserved[s] += static_cast<int64_t>(segment->size);
-    if (segment->head == nullptr || segment->head->ptr != segment->base ||
-        segment->head->prev != nullptr) {
-      fail("segment head is not its first block");
-    }
-    std::size_t covered = 0, live = 0;
-    for (const Block* b = segment->head; b != nullptr; b = b->next) {
-      if (b->segment != segment) fail("block points at another segment");
-      if (b->ptr != segment->base + covered) fail("blocks do not tile segment");
-      if (b->size == 0 || b->size % kMinBlockSize != 0) fail("bad block size");
-      if (b->next && b->next->prev != b) fail("broken block links");
-      covered += b->size;
-      switch (b->state) {
-        case BlockState::kFree: {
-          if (b->next && b->next->state == BlockState::kFree) {
-            fail("two adjacent free blocks were not coalesced");
-          }
-          const BlockPool& pool = segment->small ? small_pool_ : large_pool_;
-          if (pool.blocks().count(const_cast<Block*>(b)) != 1) {
-            fail("free block missing from its pool");
-          }
-          ++free_blocks[s];
-          if (b->is_split()) {
-            ++inactive[s];
-            inactive_bytes[s] += static_cast<int64_t>(b->size);
-          }
-          if (b->requested != 0 || !b->stream_uses.empty()) {
-            fail("free block keeps request state");
-          }
-          break;
-        }
-        case BlockState::kAllocated: {
-          auto it = live_blocks_.find(b->ptr);
-          if (it == live_blocks_.end() || it->second != b) {
-            fail("allocated block missing from the live map");
-          }
-          ++allocation[s];
-          allocated_bytes[s] += static_cast<int64_t>(b->size);
-          requested[s] += static_cast<int64_t>(b->requested);
-          ++active[s];
-          active_bytes[s] += static_cast<int64_t>(b->size);
-          ++live;
-          if (b->requested > b->size) fail("requested exceeds block size");
-          break;
-        }
-        case BlockState::kPendingFree:
-          if (b->pending_events <= 0 &&
-              std::find(parked_during_capture_.begin(), parked_during_capture_.end(), b) ==
-                  parked_during_capture_.end()) {
-            fail("pending block without events");
-          }
-          ++active[s];
-          active_bytes[s] += static_cast<int64_t>(b->size);
-          ++live;
-          break;
-      }
-    }
-    if (covered != segment->size) fail("blocks do not cover their segment");
-    if (live != segment->allocated_blocks) fail("segment live count is wrong");
-  }
-  if (small_pool_.count() != free_blocks[1] || large_pool_.count() != free_blocks[0]) {
-    fail("pools hold blocks that are not free blocks of a segment");
-  }
-  if (static_cast<int64_t>(live_blocks_.size()) != allocation[0] + allocation[1]) {
-    fail("live map holds blocks that are not allocated");
-  }
-  auto agree = [&](const StatArray& a, const int64_t v[2], const char* name) {
-    if (a.pools[kSmallPool].current != v[1] || a.pools[kLargePool].current != v[0] ||
-        a.pools[kAllPools].current != v[0] + v[1]) {
-      fail(std::string("statistic disagrees with the blocks: ") + name);
-    }
-  };
-  agree(stats_.allocation, allocation, "allocation");
-  agree(stats_.allocated_bytes, allocated_bytes, "allocated_bytes");
-  agree(stats_.active, active, "active");
-  agree(stats_.active_bytes, active_bytes, "active_bytes");
-  agree(stats_.requested_bytes, requested, "requested_bytes");
-  agree(stats_.inactive_split, inactive, "inactive_split");
-  agree(stats_.inactive_split_bytes, inactive_bytes, "inactive_split_bytes");
-  agree(stats_.segment, segments, "segment");
-  agree(stats_.reserved_bytes, reserved, "reserved_bytes");
-  if (static_cast<std::size_t>(stats_.reserved_bytes.all().current) > cap_.cap()) {
-    fail("reserved bytes exceed the cap");
-  }
 }
 
 }  // namespace torch_uvm

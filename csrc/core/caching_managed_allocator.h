@@ -13,6 +13,10 @@
 // and every GPU: managed memory is reachable from all of them, and each
 // segment's home fixes the advice set on it once.
 //
+// Private pools (graph_pools.cpp, pool_checkpoint.cpp) serve CUDA graphs:
+// while a pool is being allocated to, requests on the streams it claims get
+// blocks of that pool's own segments, reused only within the pool.
+//
 // Thread-safe: one mutex guards all state.
 #pragma once
 
@@ -22,13 +26,17 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
+#include "core/allocator_events.h"
 #include "core/block.h"
 #include "core/block_pool.h"
 #include "core/config.h"
 #include "core/memory_cap.h"
 #include "core/pending_frees.h"
+#include "core/pool_checkpoint.h"
 #include "core/runtime.h"
 #include "core/size_policy.h"
 #include "core/snapshot.h"
@@ -75,10 +83,57 @@ class CachingManagedAllocator {
   void begin_capture();
   void end_capture();
 
+  // ---- private pools (graph_pools.cpp) ----
+  // Creates `pool` with one use, or adds a use. The pool lives (its segments
+  // stay reserved for it) until release_pool drops the last use.
+  void create_or_incref_pool(PoolId pool);
+  int pool_use_count(PoolId pool) const;
+  // From now until end_allocate_to_pool, requests on streams for which
+  // `filter` is true come from `pool` (created or incref'd here). Counts as a
+  // capture (begin_capture) for as long. Throws InvalidArgument if `pool` is
+  // already being allocated to.
+  void begin_allocate_to_pool(PoolId pool, std::function<bool(StreamRef)> filter);
+  void end_allocate_to_pool(PoolId pool);
+  // Drops a use; at none, the pool's free segments go back to the runtime at
+  // the next empty_cache() or out-of-memory retry, and the pool ends once its
+  // last block is free.
+  void release_pool(PoolId pool);
+  // True iff the blocks allocated in `pool` are exactly `expected`.
+  bool pool_allocations_are(PoolId pool,
+                            const std::unordered_set<const void*>& expected) const;
+
+  // ---- checkpoints of a pool (pool_checkpoint.cpp) ----
+  // The layout of every segment of `pool`: what CUDA graph trees record
+  // after a graph, to restore before recording another from the same state.
+  PoolCheckpoint checkpoint_pool(PoolId pool) const;
+  // Frees every block allocated in the pool, then re-creates the checkpoint's
+  // allocated blocks at their addresses. Throws InvalidArgument, changing
+  // nothing, if the pool or one of its segments is gone or a capture is
+  // under way.
+  PoolRestore restore_pool(const PoolCheckpoint& checkpoint);
+
+  // Everything, or the allocations whose home is one processor.
   MemoryStats stats() const;
+  MemoryStats stats(DeviceIndex home) const;
   void reset_peak_stats();
+  void reset_peak_stats(DeviceIndex home);
   void reset_accumulated_stats();
+  void reset_accumulated_stats(DeviceIndex home);
   std::vector<SegmentSnapshot> snapshot() const;
+  // The largest cached free block whose home is `home`, 0 if none.
+  std::size_t largest_free_block(DeviceIndex home) const;
+  // The segment holding `ptr` (live or not): {base, size}, or {nullptr, 0}.
+  std::pair<void*, std::size_t> segment_of(const void* ptr) const;
+
+  // Told of every allocation, free and segment (allocator_events.h); an empty
+  // function stops it.
+  void set_observer(AllocatorObserver observer);
+
+  // torch.cuda.set_per_process_memory_fraction for GPU `device`: bytes whose
+  // home is `device` stay under fraction x its total memory. Releases cached
+  // segments there if they exceed it. Throws InvalidArgument outside [0, 1].
+  void set_memory_fraction(DeviceIndex device, double fraction);
+  double memory_fraction(DeviceIndex device) const;
 
   // The cap on reserved bytes. set_cap first releases cached segments if the
   // reservation exceeds the new cap, and throws InvalidArgument if live
@@ -104,17 +159,27 @@ class CachingManagedAllocator {
   const SizePolicy& policy() const { return policy_; }
 
  private:
-  Block* take_cached_block(std::size_t size, DeviceIndex home, StreamRef stream,
-                           bool small);
-  Block* new_segment(std::size_t size, DeviceIndex home, StreamRef stream,
-                     bool small);
-  Block* allocate_block(std::size_t size, std::size_t requested,
-                        DeviceIndex home, StreamRef stream);
+  // Where a request lands: the (home, stream, pool) a block must match.
+  struct Placement {
+    DeviceIndex home;
+    StreamRef stream;
+    PoolId pool;
+  };
+  PoolId pool_for(StreamRef stream) const;
+  Block* take_cached_block(std::size_t size, const Placement& where, bool small);
+  Block* new_segment(std::size_t size, const Placement& where, bool small);
+  Block* allocate_block(std::size_t size, std::size_t requested, const Placement& where);
+  void hand_out(Block* block, std::size_t requested);
+  void take_back(Block* block);
+  void notify(AllocatorEvent::Kind kind, const Block* block, std::size_t size);
   void advise_new_segment(const Segment& segment);
   void release_segment(Segment* segment);
-  // Releases fully free segments while more than `keep` bytes are reserved
-  // in them. Returns bytes released.
+  // Releases fully free segments of the ordinary pool and of released
+  // private pools while more than `keep` bytes are reserved in them. Returns
+  // bytes released.
   std::size_t release_cached(std::size_t keep);
+  bool releasable(const Segment& segment) const;
+  void forget_empty_pools();
   void drain_pending(bool wait);
   void return_to_pool(Block* block);
   void pool_insert(Block* block);
@@ -124,11 +189,14 @@ class CachingManagedAllocator {
   }
   Block* find_live_block(const void* ptr) const;
   [[noreturn]] void throw_oom(std::size_t requested, std::size_t rounded,
-                              DeviceIndex home, const char* why);
+                              const Placement& where, const char* why);
+  std::size_t reserved_on(DeviceIndex home) const {
+    return static_cast<std::size_t>(stats_.home(home).reserved_bytes.all().current);
+  }
 
   std::shared_ptr<Runtime> runtime_;
   SizePolicy policy_;
-  MemoryCap cap_;
+  mutable MemoryCap cap_;
   std::size_t release_threshold_;
   int device_count_;
 
@@ -141,7 +209,17 @@ class CachingManagedAllocator {
   int captures_underway_ = 0;
   std::function<void()> before_release_;
   std::vector<Block*> parked_during_capture_;  // kPendingFree, no events yet
-  MemoryStats stats_;
+  StatsBook stats_;
+  AllocatorObserver observer_;
+
+  struct PrivatePool {
+    int use_count = 0;      // 0: released, ends with its last segment
+    std::size_t segments = 0;
+  };
+  std::map<PoolId, PrivatePool> pools_;
+  // Pools being allocated to, in the order begun; the first whose filter
+  // takes a request's stream serves it.
+  std::vector<std::pair<PoolId, std::function<bool(StreamRef)>>> allocating_to_;
 };
 
 }  // namespace torch_uvm

@@ -37,6 +37,7 @@ std::string concat(const Args&... args) {
 }  // namespace detail
 
 std::string format_bytes(std::size_t bytes);  // "1.50 GiB"
+std::string hex(const void* p);               // "0x7f3a00000000"
 
 }  // namespace torch_uvm
 

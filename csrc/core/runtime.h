@@ -52,6 +52,17 @@ class Runtime {
   virtual void stream_wait_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) = 0;
   virtual void stream_write_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) = 0;
 
+  // Copies `bytes` (any direction managed memory allows), ordered on
+  // `stream`; with `synchronous`, returns once the copy is done.
+  virtual void copy(void* dst, const void* src, std::size_t bytes, StreamRef stream,
+                    bool synchronous) = 0;
+  // Lets `device` read and write `peer`'s memory directly. A no-op where it
+  // already can, or never can.
+  virtual void enable_peer_access(DeviceIndex device, DeviceIndex peer) = 0;
+  // The GPU a stream handle belongs to, or `fallback` where the runtime
+  // cannot tell (CUDA before 12.8, the null stream).
+  virtual DeviceIndex stream_device(std::uintptr_t handle, DeviceIndex fallback) = 0;
+
   // Devices.
   virtual int device_count() = 0;
   virtual DeviceIndex current_device() = 0;

@@ -27,6 +27,7 @@ struct SegmentSnapshot {
   std::size_t requested_size = 0;
   DeviceIndex home = kCpuDevice;
   StreamRef stream;
+  PoolId pool = kDefaultPool;
   std::string segment_type;  // "small" or "large"
   std::vector<BlockSnapshot> blocks;
 };

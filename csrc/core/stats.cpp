@@ -26,6 +26,22 @@ void MemoryStats::reset_accumulated() {
   num_device_alloc = num_device_free = 0;
 }
 
+void StatsBook::reset_peak() {
+  total_.reset_peak();
+  for (MemoryStats& s : homes_) s.reset_peak();
+}
+
+void StatsBook::reset_peak(DeviceIndex home) { homes_.at(slot(home)).reset_peak(); }
+
+void StatsBook::reset_accumulated() {
+  total_.reset_accumulated();
+  for (MemoryStats& s : homes_) s.reset_accumulated();
+}
+
+void StatsBook::reset_accumulated(DeviceIndex home) {
+  homes_.at(slot(home)).reset_accumulated();
+}
+
 std::vector<std::pair<std::string, int64_t>> flatten(const MemoryStats& s) {
   std::vector<std::pair<std::string, int64_t>> out;
   const std::pair<const char*, const StatArray*> arrays[] = {

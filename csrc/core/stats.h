@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/types.h"
+
 namespace torch_uvm {
 
 struct Stat {
@@ -66,6 +68,47 @@ struct MemoryStats {
 
   void reset_peak();
   void reset_accumulated();
+};
+
+// The statistics kept twice: for everything, and per home (the CPU and each
+// GPU), so that torch.cuda.memory_stats(d) counts the allocations whose home
+// is GPU d while torch_uvm.memory_stats() still sees the whole picture. Peaks
+// are per book: the peak of the total is not the sum of the homes' peaks.
+class StatsBook {
+ public:
+  explicit StatsBook(int devices) : homes_(static_cast<std::size_t>(devices) + 1) {}
+
+  const MemoryStats& total() const { return total_; }
+  // kCpuDevice or a GPU index; throws std::out_of_range for another.
+  const MemoryStats& home(DeviceIndex home) const { return homes_.at(slot(home)); }
+
+  void increase(StatArray MemoryStats::*field, DeviceIndex home, bool small, int64_t n) {
+    (total_.*field).increase(small, n);
+    (homes_[slot(home)].*field).increase(small, n);
+  }
+  void decrease(StatArray MemoryStats::*field, DeviceIndex home, bool small, int64_t n) {
+    (total_.*field).decrease(small, n);
+    (homes_[slot(home)].*field).decrease(small, n);
+  }
+  void count(int64_t MemoryStats::*field, DeviceIndex home) {
+    ++(total_.*field);
+    ++(homes_[slot(home)].*field);
+  }
+  // Values that are settings, not counts: the same in every book.
+  void set(int64_t MemoryStats::*field, int64_t value) {
+    total_.*field = value;
+    for (MemoryStats& s : homes_) s.*field = value;
+  }
+  // Resets the total and every home, or one home only.
+  void reset_peak();
+  void reset_peak(DeviceIndex home);
+  void reset_accumulated();
+  void reset_accumulated(DeviceIndex home);
+
+ private:
+  static std::size_t slot(DeviceIndex home) { return static_cast<std::size_t>(home + 1); }
+  MemoryStats total_;
+  std::vector<MemoryStats> homes_;  // [0] the CPU, [1 + d] GPU d
 };
 
 // The flat "name.pool.metric" -> value map of torch.cuda.memory_stats().

@@ -1,3 +1,4 @@
+#include <cstdint>
 #include <cstdio>
 
 #include "core/errors.h"
@@ -20,6 +21,13 @@ std::string advice_name(Advice advice) {
     case Advice::kUnsetAccessedBy: return "unset_accessed_by";
   }
   return "unknown";
+}
+
+std::string hex(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%llx",
+                static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(p)));
+  return buf;
 }
 
 std::string format_bytes(std::size_t bytes) {

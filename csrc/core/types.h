@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace torch_uvm {
 
@@ -30,6 +31,11 @@ struct StreamRef {
 };
 
 constexpr StreamRef kHostStream{kCpuDevice, 0};
+
+// A private memory pool (PyTorch's MempoolId_t): blocks allocated to one are
+// reused only within it, as CUDA graphs need. {0, 0} is the ordinary pool.
+using PoolId = std::pair<std::uint64_t, std::uint64_t>;
+constexpr PoolId kDefaultPool{0, 0};
 
 // The hints of cudaMemAdvise / hipMemAdvise.
 enum class Advice {

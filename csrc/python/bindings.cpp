@@ -21,6 +21,7 @@ py::dict segment_to_dict(const SegmentSnapshot& s) {
   d["device"] = s.home == kCpuDevice ? py::object(py::str("cpu")) : py::object(py::int_(s.home));
   d["stream"] = s.stream.handle;
   d["segment_type"] = s.segment_type;
+  d["segment_pool_id"] = py::make_tuple(s.pool.first, s.pool.second);
   py::list blocks;
   for (const auto& b : s.blocks) {
     py::dict bd;

@@ -61,6 +61,16 @@ inline gpuError_t gpuMemPrefetchTo(const void* p, size_t n, int device,
 #define gpuHostAllocFlag(p, n) \
   hipHostMalloc((p), (n), hipHostMallocMapped | hipHostMallocPortable)
 #define gpuFreeHost hipHostFree
+#define gpuMemcpyAsync(d, s, n, st) hipMemcpyAsync((d), (s), (n), hipMemcpyDefault, (st))
+#define gpuDeviceEnablePeerAccess(peer) hipDeviceEnablePeerAccess((peer), 0)
+constexpr gpuError_t gpuErrorPeerAccessAlreadyEnabled = hipErrorPeerAccessAlreadyEnabled;
+#define gpuDeviceCanAccessPeer hipDeviceCanAccessPeer
+using gpuStreamCaptureMode = hipStreamCaptureMode;
+constexpr gpuStreamCaptureMode gpuStreamCaptureModeRelaxed = hipStreamCaptureModeRelaxed;
+#define gpuThreadExchangeStreamCaptureMode hipThreadExchangeStreamCaptureMode
+// hipStreamGetDevice is missing from the HIP releases Debian ships: the
+// caller's fallback stands.
+inline bool gpuStreamDeviceOf(gpuStream_t, int*) { return false; }
 inline bool gpuStreamMemOpsAvailable() { return true; }
 // HIP compares plainly (flag >= value); 2^32 moves before it wraps.
 inline gpuError_t gpuStreamWaitValue32(gpuStream_t s, uint32_t* flag, uint32_t value) {
@@ -142,6 +152,24 @@ inline gpuError_t gpuMemPrefetchTo(const void* p, size_t n, int device,
 #define gpuHostAllocFlag(p, n) \
   cudaHostAlloc((p), (n), cudaHostAllocMapped | cudaHostAllocPortable)
 #define gpuFreeHost cudaFreeHost
+#define gpuMemcpyAsync(d, s, n, st) cudaMemcpyAsync((d), (s), (n), cudaMemcpyDefault, (st))
+#define gpuDeviceEnablePeerAccess(peer) cudaDeviceEnablePeerAccess((peer), 0)
+constexpr gpuError_t gpuErrorPeerAccessAlreadyEnabled = cudaErrorPeerAccessAlreadyEnabled;
+#define gpuDeviceCanAccessPeer cudaDeviceCanAccessPeer
+using gpuStreamCaptureMode = cudaStreamCaptureMode;
+constexpr gpuStreamCaptureMode gpuStreamCaptureModeRelaxed = cudaStreamCaptureModeRelaxed;
+#define gpuThreadExchangeStreamCaptureMode cudaThreadExchangeStreamCaptureMode
+// cudaStreamGetDevice arrived in CUDA 12.8; before it a stream's device is
+// not known to the runtime, and the caller's fallback stands.
+inline bool gpuStreamDeviceOf(gpuStream_t s, int* device) {
+#if CUDART_VERSION >= 12080
+  return cudaStreamGetDevice(s, device) == cudaSuccess;
+#else
+  (void)s;
+  (void)device;
+  return false;
+#endif
+}
 
 using gpuStreamValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 

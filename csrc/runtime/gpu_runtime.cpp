@@ -48,11 +48,21 @@ auto on_device(DeviceIndex device, F f) {
   return f();
 }
 
+// New segments may be needed while a CUDA graph is captured (its private
+// pool grows). Under the global capture mode such calls are refused, so they
+// run in relaxed mode, as PyTorch's allocator does for cudaMalloc.
+struct RelaxedCaptureMode {
+  gpuStreamCaptureMode saved = gpuStreamCaptureModeRelaxed;
+  RelaxedCaptureMode() { (void)gpuThreadExchangeStreamCaptureMode(&saved); }
+  ~RelaxedCaptureMode() { (void)gpuThreadExchangeStreamCaptureMode(&saved); }
+};
+
 }  // namespace
 
 std::string GpuRuntime::name() const { return TORCH_UVM_GPU_API_NAME; }
 
 void* GpuRuntime::allocate_managed(std::size_t bytes) {
+  RelaxedCaptureMode relaxed;
   void* p = nullptr;
   gpuError_t err = gpuMallocManaged(&p, bytes);
   if (err == gpuErrorMemoryAllocation) {
@@ -67,6 +77,7 @@ void GpuRuntime::free_managed(void* ptr) { GPU_CHECK(gpuFree(ptr)); }
 
 void GpuRuntime::advise(const void* ptr, std::size_t bytes, Advice advice,
                         DeviceIndex device) {
+  RelaxedCaptureMode relaxed;
   GPU_CHECK(gpuMemAdviseTo(ptr, bytes, to_native(advice), native_device(device)));
 }
 
@@ -160,6 +171,39 @@ void GpuRuntime::stream_write_flag(StreamRef stream, FlagHandle flag, std::uint3
     GPU_CHECK(gpuStreamWriteValue32(native_stream(stream), flag, value));
     return 0;
   });
+}
+
+void GpuRuntime::copy(void* dst, const void* src, std::size_t bytes, StreamRef stream,
+                      bool synchronous) {
+  on_device(stream.device, [&] {
+    GPU_CHECK(gpuMemcpyAsync(dst, src, bytes, native_stream(stream)));
+    if (synchronous) GPU_CHECK(gpuStreamSynchronize(native_stream(stream)));
+    return 0;
+  });
+}
+
+void GpuRuntime::enable_peer_access(DeviceIndex device, DeviceIndex peer) {
+  int can = 0;
+  GPU_CHECK(gpuDeviceCanAccessPeer(&can, device, peer));
+  if (!can) return;
+  on_device(device, [&] {
+    gpuError_t err = gpuDeviceEnablePeerAccess(peer);
+    if (err == gpuErrorPeerAccessAlreadyEnabled) {
+      (void)gpuGetLastError();
+      return 0;
+    }
+    check(err, "gpuDeviceEnablePeerAccess");
+    return 0;
+  });
+}
+
+DeviceIndex GpuRuntime::stream_device(std::uintptr_t handle, DeviceIndex fallback) {
+  int device = 0;
+  if (handle != 0 && gpuStreamDeviceOf(reinterpret_cast<gpuStream_t>(handle), &device)) {
+    return device;
+  }
+  (void)gpuGetLastError();
+  return fallback;
 }
 
 int GpuRuntime::device_count() {

@@ -143,8 +143,13 @@ void HostRuntime::synchronize_event(EventHandle event) {
 
 void HostRuntime::stream_wait_event(StreamRef, EventHandle) {}
 
-DeviceMemoryInfo HostRuntime::memory_info(DeviceIndex) {
+void HostRuntime::copy(void* dst, const void* src, std::size_t bytes, StreamRef, bool) {
+  std::memmove(dst, src, bytes);
+}
+
+DeviceMemoryInfo HostRuntime::memory_info(DeviceIndex device) {
   std::lock_guard<std::mutex> lock(mutex_);
+  ++counters_.memory_info_reads[device];
   return {memory_per_device_ - in_use_, memory_per_device_};
 }
 

@@ -23,6 +23,8 @@ class HostRuntime : public Runtime {
                 event_records = 0, event_queries = 0, event_syncs = 0,
                 events_created = 0, events_destroyed = 0, flag_waits = 0,
                 flag_writes = 0;
+    // memory_info calls per device: on CUDA each one needs a context there.
+    std::map<DeviceIndex, std::size_t> memory_info_reads;
   };
 
   // `devices` fake GPUs, each with `memory_per_device` bytes free.
@@ -50,6 +52,11 @@ class HostRuntime : public Runtime {
   // Host streams run at once: a write lands now; a wait is only logged.
   void stream_wait_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) override;
   void stream_write_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) override;
+  void copy(void* dst, const void* src, std::size_t bytes, StreamRef stream,
+            bool synchronous) override;
+  void enable_peer_access(DeviceIndex, DeviceIndex) override {}
+  // Host streams carry no device: the fallback always stands.
+  DeviceIndex stream_device(std::uintptr_t, DeviceIndex fallback) override { return fallback; }
   int device_count() override { return devices_; }
   DeviceIndex current_device() override { return 0; }
   DeviceMemoryInfo memory_info(DeviceIndex device) override;

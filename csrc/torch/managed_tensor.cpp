@@ -48,11 +48,23 @@ at::Tensor alias_on_device(const at::Tensor& t, at::Device target) {
   auto* keep_alive = new c10::Storage(source);
   c10::DataPtr data(source.mutable_data(), keep_alive,
                     [](void* ctx) { delete static_cast<c10::Storage*>(ctx); }, target);
+  // Resizable through the target's managed allocator: a resize_ (or an out=
+  // op) that must grow the alias gives it new managed storage of its own, as
+  // PyTorch does whenever a storage is too small; from then on the alias and
+  // the source no longer share memory. Shrinking or a resize within the
+  // storage keeps the alias.
   c10::Storage storage(c10::Storage::use_byte_size_t(), source.nbytes(), std::move(data),
-                       /*allocator=*/nullptr, /*resizable=*/false);
+                       ManagedAllocator::for_device(target), /*resizable=*/true);
   c10::DispatchKeySet keys(target.is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU);
   auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), keys, t.dtype());
   out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  // One version counter for both, as views share theirs: an in-place change
+  // through either is seen by autograd in tensors saved from the other.
+  // Inference tensors have none to share.
+  const auto& counter = t.unsafeGetTensorImpl()->version_counter();
+  if (counter.enabled() && !out.is_inference()) {
+    out.unsafeGetTensorImpl()->set_version_counter(counter);
+  }
   return out;
 }
 

@@ -32,15 +32,9 @@ bool in_forked_child() { return g_forked_child.load(std::memory_order_relaxed); 
 
 bool managed_hints_supported() { return g_hints.load(); }
 
-void note_capture_begin() {
-  allocator().begin_capture();
-  ++g_captures;
-}
+void note_capture_begin() { ++g_captures; }
 
-void note_capture_end() {
-  --g_captures;
-  translate_errors([] { allocator().end_capture(); });
-}
+void note_capture_end() { --g_captures; }
 
 bool capture_underway() { return g_captures.load(std::memory_order_relaxed) > 0; }
 

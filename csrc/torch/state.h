@@ -22,10 +22,10 @@ bool in_forked_child();
 // Whether prefetch and advice work on this machine (concurrentManagedAccess).
 bool managed_hints_supported();
 
-// CUDA graph captures under way, as PyTorch announces them to the pluggable
-// allocator (cuda_slot.cpp). While one is, torch_uvm makes no driver call
-// that would break it: CPU tensors come from the ordinary CPU allocator and
-// moves skip their prefetch.
+// CUDA graph captures (pools being allocated to) under way, as PyTorch
+// announces them to the CUDA allocator (cuda_graph_pools.cpp). While one is,
+// torch_uvm makes no driver call that would break it: CPU tensors come from
+// the ordinary CPU allocator and moves skip their prefetch.
 void note_capture_begin();
 void note_capture_end();
 bool capture_underway();

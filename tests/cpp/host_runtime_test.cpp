@@ -185,7 +185,9 @@ TEST_F(HostAllocatorTest, CapDefaultsToAFractionOfTheSmallestFreeMemory) {
   EXPECT_EQ(allocator_->cap(), static_cast<std::size_t>(0.8 * (1ull << 30)));
   AllocatorConfig config;
   config.cap_bytes = 2ull << 30;
-  EXPECT_THROW(make(config), InvalidArgument);
+  make(config);  // checked when a GPU's free memory is first read
+  EXPECT_THROW(allocator_->allocate(4096, 0, kA), InvalidArgument);
+  EXPECT_EQ(runtime_->bytes_in_use(), 0u);
   config.allow_oversubscription = true;
   make(config);
   EXPECT_EQ(allocator_->cap(), 2ull << 30);

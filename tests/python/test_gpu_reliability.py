@@ -192,19 +192,19 @@ def test_cuda_graph_without_allocations_replays():
     assert out == "replayed 7168.0", r.stdout + r.stderr
 
 
-def test_allocation_during_graph_capture_is_a_clear_error():
+def test_allocation_during_graph_capture_goes_to_a_private_pool():
     r = run_python("""
         import torch, torch_uvm
         torch_uvm.set_enabled_uvm(True)
         x = torch.ones(1024, device='cuda')
         g = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(g):
-                y = torch.empty(1 << 20, device='cuda')  # a new block: refused
-            print('captured')
-        except RuntimeError as e:
-            print('error', 'CUDA graph was being captured' in str(e))
-        z = torch.ones(8, device='cuda') * 2      # the process goes on
-        print('after', z.sum().item())
+        with torch.cuda.graph(g):
+            y = torch.empty(1 << 20, device='cuda')  # a new block, in the graph's pool
+            y.fill_(2.0)
+            z = (x * 3).sum()
+        g.replay()
+        torch.cuda.synchronize()
+        w = torch.ones(8, device='cuda') * 2      # the ordinary cache goes on
+        print(y.sum().item(), z.item(), w.sum().item())
     """, timeout=120)
-    assert r.stdout.split() == ["error", "True", "after", "16.0"], r.stdout + r.stderr
+    assert r.stdout.split() == ["2097152.0", "3072.0", "16.0"], r.stdout + r.stderr
