@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs, in one place: build, GPU tests, benchmarks.
-#   bash scripts/gpu_session.sh [build] [test] [bench] [demo] [stress] [sanitize]
+#   bash scripts/gpu_session.sh [build] [test] [bench] [demo] [stress] [sanitize] [soak] [smoke]
 #   (default: build test bench)
 # Logs go to $OUT (the device tool's folder) or results/ under the repo, and a
 # short summary is printed last. Never asks for more managed memory than a few
@@ -88,6 +88,10 @@ for stage in $stages; do
       ;;
     demo)
       run demo python3 examples/demo.py
+      ;;
+    soak)  # issue 11's soak; 10 minutes is longer than one device call, so
+           # start it with setsid and collect $OUT/soak.* in a later call
+      run soak python3 tests/soak/soak.py --minutes ${SOAK_MINUTES:-10} --out "$OUT/soak.json"
       ;;
   esac
 done

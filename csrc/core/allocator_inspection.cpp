@@ -75,6 +75,14 @@ void CachingManagedAllocator::check_invariants() const {
     c[books - 1][s] += n;
   };
   std::size_t free_blocks[2] = {};
+  // Segments being freed without the lock are still reserved.
+  for (const Segment* segment : releasing_) {
+    add(segments, segment, 1);
+    add(reserved, segment, static_cast<int64_t>(segment->size));
+    if (segment->allocated_blocks != 0 || segment->head->next != nullptr) {
+      fail("a segment being released holds blocks in use");
+    }
+  }
   const char* prev_end = nullptr;
   for (const auto& [base, segment] : segments_) {
     const int s = segment->small ? 1 : 0;
@@ -132,7 +140,9 @@ void CachingManagedAllocator::check_invariants() const {
         case BlockState::kPendingFree:
           if (b->pending_events <= 0 &&
               std::find(parked_during_capture_.begin(), parked_during_capture_.end(), b) ==
-                  parked_during_capture_.end()) {
+                  parked_during_capture_.end() &&
+              std::find(pending_.unfenced().begin(), pending_.unfenced().end(), b) ==
+                  pending_.unfenced().end()) {
             fail("pending block without events");
           }
           add(active, segment, 1);
@@ -181,6 +191,7 @@ void CachingManagedAllocator::check_invariants() const {
   for (const auto& [id, pool] : pools_) {
     std::size_t n = 0;
     for (const auto& [base, segment] : segments_) n += segment->pool == id ? 1 : 0;
+    for (const Segment* segment : releasing_) n += segment->pool == id ? 1 : 0;
     if (n != pool.segments) fail("a private pool's segment count is wrong");
     if (pool.use_count < 0) fail("a private pool's use count is negative");
   }

@@ -27,7 +27,9 @@ CachingManagedAllocator::CachingManagedAllocator(std::shared_ptr<Runtime> runtim
 CachingManagedAllocator::~CachingManagedAllocator() {
   std::lock_guard<std::mutex> lock(mutex_);
   try {
-    drain_pending(/*wait=*/true);
+    auto events = pending_.detach();
+    std::vector<bool> done;
+    pending_.wait(events, done);
   } catch (...) {
     // The runtime may be shutting down; the memory goes with the process.
   }
@@ -56,10 +58,10 @@ void* CachingManagedAllocator::allocate(std::size_t bytes, DeviceIndex home,
                       device_count_ - 1, " (", device_count_,
                       " GPU(s) present)");
   std::size_t size = policy_.round_request(bytes);
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!pending_.empty() && captures_underway_ == 0) drain_pending(/*wait=*/false);
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!pending_.empty() && captures_underway_ == 0) drain_pending();
   const Placement where{home, stream, pool_for(stream)};
-  Block* block = allocate_block(size, bytes, where);
+  Block* block = allocate_block(size, bytes, where, lock);
   hand_out(block, bytes);
   return block->ptr;
 }
@@ -85,7 +87,8 @@ void CachingManagedAllocator::hand_out(Block* block, std::size_t requested) {
 
 Block* CachingManagedAllocator::allocate_block(std::size_t size,
                                                std::size_t requested,
-                                               const Placement& where) {
+                                               const Placement& where,
+                                               std::unique_lock<std::mutex>& lock) {
   const bool small = policy_.is_small(size);
   if (Block* b = take_cached_block(size, where, small)) return b;
   if (Block* b = new_segment(size, where, small)) return b;
@@ -95,10 +98,13 @@ Block* CachingManagedAllocator::allocate_block(std::size_t size,
               "to make room");
   }
   // Slow path: give cached memory back to the runtime and try once more.
+  // (Both steps wait without the lock; a failure to free leaves the segment
+  // cached, and the retry below reports an OOM if there is still no room.)
   stats_.count(&MemoryStats::num_alloc_retries, where.home);
-  drain_pending(/*wait=*/true);
+  drain_pending_waiting(lock);
   if (Block* b = take_cached_block(size, where, small)) return b;
-  release_cached(/*keep=*/0);
+  release_cached(/*keep=*/0, lock);
+  if (Block* b = take_cached_block(size, where, small)) return b;
   if (Block* b = new_segment(size, where, small)) return b;
   std::size_t segment = policy_.segment_size(size);
   const char* why = "the device has no managed memory left";
@@ -146,10 +152,10 @@ Block* CachingManagedAllocator::new_segment(std::size_t size, const Placement& w
   segment->small = small;
   try {
     advise_new_segment(*segment);
-  } catch (...) {
-    runtime_->free_managed(base);
-    delete segment;
-    throw;
+  } catch (const std::exception& e) {
+    // Advice is a hint: the segment works without it (pages then migrate on
+    // fault). Keep it, and let the caller report the failure.
+    if (hint_error_.empty()) hint_error_ = e.what();
   }
   auto* block = new Block();
   block->ptr = segment->base;
@@ -231,8 +237,12 @@ void CachingManagedAllocator::free(void* ptr) {
     block->state = BlockState::kPendingFree;
     parked_during_capture_.push_back(block);
   } else {
-    pending_.defer(block);
+    defer_free(block);
   }
+}
+
+void CachingManagedAllocator::defer_free(Block* block) {
+  if (pending_.defer(block)) return_to_pool(block);  // fenced by synchronizing
 }
 
 void CachingManagedAllocator::take_back(Block* block) {
@@ -261,7 +271,7 @@ void CachingManagedAllocator::end_capture() {
   // frees: later than needed, never earlier.
   std::vector<Block*> parked;
   parked.swap(parked_during_capture_);
-  for (Block* b : parked) pending_.defer(b);
+  for (Block* b : parked) defer_free(b);
 }
 
 void CachingManagedAllocator::return_to_pool(Block* block) {
@@ -300,12 +310,21 @@ void CachingManagedAllocator::pool_erase(Block* block) {
   }
 }
 
-void CachingManagedAllocator::drain_pending(bool wait) {
-  if (pending_.empty()) return;
-  if (wait) stats_.count(&MemoryStats::num_sync_all_streams, kCpuDevice);
-  std::vector<Block*> ready =
-      wait ? pending_.take_all_synchronized() : pending_.take_completed();
-  for (Block* b : ready) return_to_pool(b);
+void CachingManagedAllocator::drain_pending() {
+  for (Block* b : pending_.take_completed()) return_to_pool(b);
+}
+
+void CachingManagedAllocator::drain_pending_waiting(std::unique_lock<std::mutex>& lock) {
+  drain_pending();
+  auto events = pending_.detach();
+  if (events.empty()) return;
+  stats_.count(&MemoryStats::num_sync_all_streams, kCpuDevice);
+  lock.unlock();
+  std::vector<bool> done;
+  pending_.wait(events, done);  // touches no shared state
+  lock.lock();
+  // An event whose wait failed is parked again, its block kept.
+  for (Block* b : pending_.settle(events, done)) return_to_pool(b);
 }
 
 // ---- streams and lookup ----------------------------------------------------
@@ -354,26 +373,7 @@ std::pair<void*, std::size_t> CachingManagedAllocator::segment_of(const void* pt
 
 // ---- releasing the cache ---------------------------------------------------
 
-void CachingManagedAllocator::release_segment(Segment* segment) {
-  Block* block = segment->head;
-  pool_erase(block);
-  runtime_->free_managed(segment->base);
-  segments_.erase(segment->base);
-  if (segment->pool != kDefaultPool) --pools_[segment->pool].segments;
-  const bool small = segment->small;
-  const DeviceIndex home = segment->home;
-  if (observer_) notify(AllocatorEvent::kSegmentFree, block, segment->size);
-  stats_.count(&MemoryStats::num_device_free, home);
-  stats_.decrease(&MemoryStats::segment, home, small, 1);
-  stats_.decrease(&MemoryStats::reserved_bytes, home, small, static_cast<int64_t>(segment->size));
-  if (segment->size >= policy_.config().max_split_size) {
-    stats_.decrease(&MemoryStats::oversize_segments, home, small, 1);
-  }
-  delete block;
-  delete segment;
-}
-
-std::size_t CachingManagedAllocator::release_cached(std::size_t keep) {
+std::vector<Segment*> CachingManagedAllocator::detach_releasable(std::size_t keep) {
   // Free segments, largest first: the fewest runtime calls return the most.
   std::vector<Segment*> free_segments;
   std::size_t cached = 0;
@@ -385,25 +385,78 @@ std::size_t CachingManagedAllocator::release_cached(std::size_t keep) {
   }
   std::sort(free_segments.begin(), free_segments.end(),
             [](const Segment* a, const Segment* b) { return a->size > b->size; });
+  std::vector<Segment*> detached;
   std::size_t released = 0;
-  bool notified = false;
   for (Segment* segment : free_segments) {
     if (cached - released <= keep) break;
     if (cached - released - segment->size < keep) continue;  // keep it whole
-    if (!notified && before_release_) before_release_();
-    notified = true;
     released += segment->size;
-    release_segment(segment);
+    pool_erase(segment->head);  // a fully free segment is one block
+    segments_.erase(segment->base);
+    releasing_.push_back(segment);
+    detached.push_back(segment);
+  }
+  return detached;
+}
+
+std::string CachingManagedAllocator::free_detached(std::vector<Segment*> segments,
+                                                   std::unique_lock<std::mutex>& lock) {
+  if (segments.empty()) return "";
+  auto before = before_release_;
+  auto after = after_release_;
+  lock.unlock();
+  std::vector<bool> freed(segments.size(), false);
+  std::string error;
+  try {
+    if (before) before();
+    for (std::size_t i = 0; i < segments.size(); ++i) {
+      try {
+        runtime_->free_managed(segments[i]->base);
+        freed[i] = true;
+      } catch (const std::exception& e) {
+        if (error.empty()) error = e.what();
+      }
+    }
+  } catch (const std::exception& e) {
+    if (error.empty()) error = e.what();
+  }
+  if (after) after();
+  lock.lock();
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    Segment* segment = segments[i];
+    releasing_.erase(std::find(releasing_.begin(), releasing_.end(), segment));
+    if (!freed[i]) {  // back to the cache, as it was
+      segments_.emplace(segment->base, segment);
+      pool_insert(segment->head);
+      continue;
+    }
+    if (segment->pool != kDefaultPool) --pools_[segment->pool].segments;
+    const bool small = segment->small;
+    const DeviceIndex home = segment->home;
+    if (observer_) notify(AllocatorEvent::kSegmentFree, segment->head, segment->size);
+    stats_.count(&MemoryStats::num_device_free, home);
+    stats_.decrease(&MemoryStats::segment, home, small, 1);
+    stats_.decrease(&MemoryStats::reserved_bytes, home, small, static_cast<int64_t>(segment->size));
+    if (segment->size >= policy_.config().max_split_size) {
+      stats_.decrease(&MemoryStats::oversize_segments, home, small, 1);
+    }
+    delete segment->head;
+    delete segment;
   }
   forget_empty_pools();
-  return released;
+  return error;
 }
 
 void CachingManagedAllocator::empty_cache() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   if (captures_underway_ > 0) return;
-  drain_pending(/*wait=*/true);
-  release_cached(release_threshold_);
+  drain_pending_waiting(lock);
+  if (captures_underway_ > 0) return;  // one began while we waited
+  std::string error = release_cached(release_threshold_, lock);
+  if (!error.empty()) {
+    throw RuntimeError("torch_uvm: empty_cache could not return a segment to the driver (" +
+                       error + "); it stays cached and is tried again next time");
+  }
 }
 
 // ---- statistics, cap -------------------------------------------------------
@@ -457,13 +510,13 @@ std::size_t CachingManagedAllocator::safe_cap_limit() const {
 
 void CachingManagedAllocator::set_cap(std::size_t bytes,
                                       bool allow_oversubscription) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   auto reserved = [&] {
     return static_cast<std::size_t>(stats_.total().reserved_bytes.all().current);
   };
   if (reserved() > bytes && captures_underway_ == 0) {
-    drain_pending(/*wait=*/true);
-    release_cached(/*keep=*/0);
+    drain_pending_waiting(lock);
+    if (captures_underway_ == 0) release_cached(/*keep=*/0, lock);
   }
   TORCH_UVM_CHECK_ARG(
       reserved() <= bytes, "torch_uvm: cannot set the managed memory cap to ",
@@ -476,11 +529,11 @@ void CachingManagedAllocator::set_cap(std::size_t bytes,
 }
 
 void CachingManagedAllocator::set_memory_fraction(DeviceIndex device, double fraction) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   cap_.set_fraction(device, fraction);
   if (reserved_on(device) > cap_.fraction_limit(device) && captures_underway_ == 0) {
-    drain_pending(/*wait=*/true);
-    release_cached(/*keep=*/0);
+    drain_pending_waiting(lock);
+    if (captures_underway_ == 0) release_cached(/*keep=*/0, lock);
   }
 }
 
@@ -489,14 +542,23 @@ double CachingManagedAllocator::memory_fraction(DeviceIndex device) const {
   return cap_.fraction(device);
 }
 
-void CachingManagedAllocator::set_before_release(std::function<void()> hook) {
+void CachingManagedAllocator::set_release_hooks(std::function<void()> before,
+                                                std::function<void()> after) {
   std::lock_guard<std::mutex> lock(mutex_);
-  before_release_ = std::move(hook);
+  before_release_ = std::move(before);
+  after_release_ = std::move(after);
 }
 
 void CachingManagedAllocator::set_observer(AllocatorObserver observer) {
   std::lock_guard<std::mutex> lock(mutex_);
   observer_ = std::move(observer);
+}
+
+std::string CachingManagedAllocator::take_hint_error() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string error;
+  error.swap(hint_error_);
+  return error;
 }
 
 void CachingManagedAllocator::set_release_threshold(std::size_t bytes) {

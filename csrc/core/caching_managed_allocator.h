@@ -144,11 +144,22 @@ class CachingManagedAllocator {
   void set_cap(std::size_t bytes, bool allow_oversubscription = false);
   void set_release_threshold(std::size_t bytes);
 
-  // Called (under the allocator's lock) before segments go back to the
-  // runtime, whose free may synchronize the whole device: whoever holds
+  // The first failure to advise a new segment since the last call, or "".
+  // Advice is a hint: the segment is used anyway.
+  std::string take_hint_error();
+
+  // Called around the freeing of segments (without the allocator's lock),
+  // whose runtime free may synchronize the whole device: whoever holds
   // streams waiting on a worker (PrefetchQueue) must let it issue everything
-  // first, or the free and the worker wait on each other.
-  void set_before_release(std::function<void()> hook);
+  // first and accept no new waits until `after` runs, or the free and the
+  // worker wait on each other.
+  void set_release_hooks(std::function<void()> before, std::function<void()> after);
+
+  // fork() safety (the glue registers these with pthread_atfork): prepare
+  // takes the allocator's lock so that no other thread holds it across the
+  // fork; both after-handlers release it.
+  void prepare_fork() { mutex_.lock(); }
+  void after_fork() { mutex_.unlock(); }
 
   // Walks every segment and block and checks the structural invariants and
   // that the statistics agree with what is there. Throws std::logic_error
@@ -168,19 +179,32 @@ class CachingManagedAllocator {
   PoolId pool_for(StreamRef stream) const;
   Block* take_cached_block(std::size_t size, const Placement& where, bool small);
   Block* new_segment(std::size_t size, const Placement& where, bool small);
-  Block* allocate_block(std::size_t size, std::size_t requested, const Placement& where);
+  Block* allocate_block(std::size_t size, std::size_t requested, const Placement& where,
+                        std::unique_lock<std::mutex>& lock);
   void hand_out(Block* block, std::size_t requested);
   void take_back(Block* block);
   void notify(AllocatorEvent::Kind kind, const Block* block, std::size_t size);
   void advise_new_segment(const Segment& segment);
-  void release_segment(Segment* segment);
-  // Releases fully free segments of the ordinary pool and of released
-  // private pools while more than `keep` bytes are reserved in them. Returns
-  // bytes released.
-  std::size_t release_cached(std::size_t keep);
+  // Releasing cached segments, in two steps so that no driver call is made
+  // with the lock held (a free may synchronize the device). Under the lock,
+  // detach_releasable takes fully free segments of the ordinary pool and of
+  // released private pools out of the cache, largest first, while more than
+  // `keep` bytes are cached; their bytes stay reserved (the cap holds) until
+  // freed. free_detached then unlocks, frees them, locks again and settles
+  // the books; a segment whose free failed returns to the cache. Returns the
+  // first failure's message, or "".
+  std::vector<Segment*> detach_releasable(std::size_t keep);
+  std::string free_detached(std::vector<Segment*> segments, std::unique_lock<std::mutex>& lock);
+  std::string release_cached(std::size_t keep, std::unique_lock<std::mutex>& lock) {
+    return free_detached(detach_releasable(keep), lock);
+  }
   bool releasable(const Segment& segment) const;
   void forget_empty_pools();
-  void drain_pending(bool wait);
+  // Returns the blocks whose events completed to their pools; with `lock`,
+  // waits for all events first, without holding it.
+  void drain_pending();
+  void drain_pending_waiting(std::unique_lock<std::mutex>& lock);
+  void defer_free(Block* block);
   void return_to_pool(Block* block);
   void pool_insert(Block* block);
   void pool_erase(Block* block);
@@ -207,9 +231,11 @@ class CachingManagedAllocator {
   std::map<char*, Segment*> segments_;     // by base address
   std::map<char*, Block*> live_blocks_;    // kAllocated, by address
   int captures_underway_ = 0;
-  std::function<void()> before_release_;
+  std::function<void()> before_release_, after_release_;
+  std::vector<Segment*> releasing_;  // detached, being freed without the lock
   std::vector<Block*> parked_during_capture_;  // kPendingFree, no events yet
   StatsBook stats_;
+  std::string hint_error_;
   AllocatorObserver observer_;
 
   struct PrivatePool {

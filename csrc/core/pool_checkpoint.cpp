@@ -35,7 +35,9 @@ PoolCheckpoint CachingManagedAllocator::checkpoint_pool(PoolId pool) const {
 }
 
 PoolRestore CachingManagedAllocator::restore_pool(const PoolCheckpoint& checkpoint) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
+  // The pool's pending blocks become free first (waiting without the lock).
+  if (captures_underway_ == 0) drain_pending_waiting(lock);
   const PoolId pool = checkpoint.pool;
   auto it = pools_.find(pool);
   TORCH_UVM_CHECK_ARG(it != pools_.end() && it->second.use_count > 0, "torch_uvm: cannot restore "
@@ -43,6 +45,14 @@ PoolRestore CachingManagedAllocator::restore_pool(const PoolCheckpoint& checkpoi
   TORCH_UVM_CHECK_ARG(captures_underway_ == 0,
                       "torch_uvm: cannot restore a pool while a graph is being captured");
   // Check everything before changing anything.
+  for (const auto& [base, segment] : segments_) {
+    if (segment->pool != pool) continue;
+    for (const Block* b = segment->head; b != nullptr; b = b->next) {
+      TORCH_UVM_CHECK_ARG(b->state != BlockState::kPendingFree,
+                          "torch_uvm: cannot restore pool (", pool.first, ", ", pool.second,
+                          "): a block freed after use on another stream is still fenced");
+    }
+  }
   for (const auto& s : checkpoint.segments) {
     auto seg = segments_.find(s.base);
     TORCH_UVM_CHECK_ARG(seg != segments_.end() && seg->second->pool == pool &&
@@ -60,7 +70,6 @@ PoolRestore CachingManagedAllocator::restore_pool(const PoolCheckpoint& checkpoi
   }
 
   PoolRestore result;
-  drain_pending(/*wait=*/true);  // the pool's pending blocks become free
   // 1. Free every allocated block of the pool (no stream fences: the
   // caller has synchronized, as graph trees do before a checkpoint).
   std::vector<Block*> live;

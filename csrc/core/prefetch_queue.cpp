@@ -33,7 +33,7 @@ bool PrefetchQueue::submit(const void* ptr, std::size_t bytes, DeviceIndex targe
   TORCH_UVM_CHECK_ARG(consumer.device != kCpuDevice,
                       "PrefetchQueue::submit: the consumer must be a GPU stream");
   std::lock_guard<std::mutex> lock(mutex_);
-  if (stopping_ || unsupported_) return false;
+  if (stopping_ || unsupported_ || pauses_ > 0) return false;
   Lane& lane = lanes_[consumer.device];
   if (lane.flag == nullptr) {
     lane.flag = runtime_.create_flag();
@@ -121,6 +121,17 @@ void PrefetchQueue::release_flag(const Job& job) {
 void PrefetchQueue::drain() {
   std::unique_lock<std::mutex> lock(mutex_);
   idle_.wait(lock, [this] { return jobs_.empty() && !busy_; });
+}
+
+void PrefetchQueue::pause() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  ++pauses_;  // from here no submit is accepted
+  idle_.wait(lock, [this] { return jobs_.empty() && !busy_; });
+}
+
+void PrefetchQueue::resume() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (pauses_ > 0) --pauses_;
 }
 
 void PrefetchQueue::stop() {

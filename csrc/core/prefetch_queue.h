@@ -66,6 +66,14 @@ class PrefetchQueue {
   // drain(), then ends the worker. Later submits return false.
   void stop();
 
+  // While paused (pauses nest), submit returns false: the caller prefetches
+  // on its own thread, and no stream waits on the worker. pause() returns
+  // once everything accepted before it was issued. The allocator pauses the
+  // queue while it frees segments: a free may synchronize the device, which
+  // must not wait on a stream that waits on the worker.
+  void pause();
+  void resume();
+
   // The first failure since the last call ("prefetch of N bytes to cuda:0
   // failed: ..."), for the caller to report; failures cost speed only.
   std::optional<std::string> take_error();
@@ -100,6 +108,7 @@ class PrefetchQueue {
   std::map<DeviceIndex, Lane> lanes_;  // nodes are stable: jobs point at them
   bool busy_ = false;
   bool stopping_ = false;
+  int pauses_ = 0;
   bool unsupported_ = false;
   Counters counters_;
   std::optional<std::string> error_;

@@ -1,7 +1,9 @@
 #include "runtime/host_runtime.h"
 
 #include <cstdlib>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "core/errors.h"
 
@@ -87,9 +89,45 @@ FlagHandle HostRuntime::create_flag() {
 
 void HostRuntime::destroy_flag(FlagHandle flag) { delete flag; }
 
-void HostRuntime::stream_wait_flag(StreamRef, FlagHandle, std::uint32_t) {
+bool HostRuntime::satisfied(const std::vector<FlagWait>& waits) {
+  for (const auto& [flag, value] : waits) {
+    // Compared cyclically, as the runtime interface defines it.
+    if (static_cast<std::int32_t>(__atomic_load_n(flag, __ATOMIC_ACQUIRE) - value) < 0) return false;
+  }
+  return true;
+}
+
+void HostRuntime::wait_for_flags(std::vector<FlagWait> waits) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!satisfied(waits)) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw RuntimeError("HostRuntime: a stream waits on a flag that is never written "
+                         "(on a GPU this would hang the stream)");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+void HostRuntime::stream_wait_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) {
   std::lock_guard<std::mutex> lock(mutex_);
   ++counters_.flag_waits;
+  auto& waits = flag_waits_[stream];
+  std::vector<FlagWait> pending;
+  for (const auto& w : waits) {
+    if (!satisfied({w})) pending.push_back(w);
+  }
+  pending.emplace_back(flag, value);
+  waits.swap(pending);
+}
+
+void HostRuntime::synchronize_stream(StreamRef stream) {
+  std::vector<FlagWait> waits;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = flag_waits_.find(stream);
+    if (it != flag_waits_.end()) waits = it->second;
+  }
+  wait_for_flags(waits);
 }
 
 void HostRuntime::stream_write_flag(StreamRef, FlagHandle flag, std::uint32_t value) {
@@ -127,18 +165,27 @@ void HostRuntime::record_event(EventHandle event, StreamRef stream) {
   auto* e = static_cast<Event*>(event);
   e->complete = auto_complete_;
   e->stream = stream;
+  auto it = flag_waits_.find(stream);
+  e->waits = it == flag_waits_.end() ? std::vector<FlagWait>{} : it->second;
 }
 
 bool HostRuntime::query_event(EventHandle event) {
   std::lock_guard<std::mutex> lock(mutex_);
   ++counters_.event_queries;
-  return static_cast<Event*>(event)->complete;
+  auto* e = static_cast<Event*>(event);
+  return e->complete && satisfied(e->waits);
 }
 
 void HostRuntime::synchronize_event(EventHandle event) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  ++counters_.event_syncs;
-  static_cast<Event*>(event)->complete = true;  // "waiting" finishes the work
+  std::vector<FlagWait> waits;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++counters_.event_syncs;
+    auto* e = static_cast<Event*>(event);
+    e->complete = true;  // "waiting" finishes the work...
+    waits = e->waits;
+  }
+  wait_for_flags(waits);  // ...once the flags it waits behind are written
 }
 
 void HostRuntime::stream_wait_event(StreamRef, EventHandle) {}

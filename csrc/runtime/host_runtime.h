@@ -46,10 +46,14 @@ class HostRuntime : public Runtime {
   void stream_wait_event(StreamRef stream, EventHandle event) override;
   StreamRef create_stream(DeviceIndex device) override;
   void destroy_stream(StreamRef) override {}
-  void synchronize_stream(StreamRef) override {}
+  void synchronize_stream(StreamRef stream) override;
   FlagHandle create_flag() override;
   void destroy_flag(FlagHandle flag) override;
-  // Host streams run at once: a write lands now; a wait is only logged.
+  // Host streams run at once, except that a stream waiting on a flag holds
+  // back what is recorded on it after the wait: an event recorded there
+  // completes only once the flag reaches the value, and synchronizing the
+  // event or the stream waits for that (RuntimeError after 10 s: a flag
+  // that is never written would hang a GPU stream). A write lands now.
   void stream_wait_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) override;
   void stream_write_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) override;
   void copy(void* dst, const void* src, std::size_t bytes, StreamRef stream,
@@ -88,10 +92,15 @@ class HostRuntime : public Runtime {
   std::vector<std::pair<Advice, DeviceIndex>> advice_for(const void* ptr) const;
 
  private:
+  using FlagWait = std::pair<FlagHandle, std::uint32_t>;
   struct Event {
     bool complete = true;
     StreamRef stream;
+    std::vector<FlagWait> waits;  // the stream's flag waits when recorded
   };
+  static bool satisfied(const std::vector<FlagWait>& waits);
+  // Waits (without the lock) until `waits` are satisfied; throws after 10 s.
+  void wait_for_flags(std::vector<FlagWait> waits);
   const int devices_;
   const std::size_t memory_per_device_;
   mutable std::mutex mutex_;
@@ -103,6 +112,7 @@ class HostRuntime : public Runtime {
   std::atomic<bool> flags_supported_{true};
   std::uintptr_t next_stream_ = 0x1000;
   std::vector<PrefetchCall> prefetch_log_;
+  std::map<StreamRef, std::vector<FlagWait>> flag_waits_;  // unsatisfied, per stream
   std::map<void*, std::size_t> live_;
   std::size_t in_use_ = 0;
   std::set<Event*> events_;

@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "torch/managed_allocator.h"
+#include "torch/record_stream.h"
 #include "torch/state.h"
 #include "torch_uvm/torch_uvm.h"
 
@@ -71,6 +72,8 @@ at::Tensor alias_on_device(const at::Tensor& t, at::Device target) {
 at::Tensor manage_memory(const at::Tensor& t) {
   check_supported(t, "manage_memory");
   c10::Device device = t.device();
+  // With UVM off, PyTorch's allocator would not pass record_stream on.
+  if (device.is_cuda() && !is_enabled()) register_record_stream_kernel();
   c10::OptionalDeviceGuard guard(device.is_cuda() ? std::optional<c10::Device>(device)
                                                   : std::nullopt);
   ManagedAllocator* alloc = ManagedAllocator::for_device(device);

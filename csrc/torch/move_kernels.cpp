@@ -29,6 +29,7 @@
 #include "torch/managed_allocator.h"
 #include "torch/managed_tensor.h"
 #include "torch/prefetch_advise.h"
+#include "torch/record_stream.h"
 #include "torch/state.h"
 #include "torch_uvm/torch_uvm.h"
 
@@ -82,6 +83,8 @@ void wait_for_source(at::Device source, StreamRef target_stream) {
 }
 
 at::Tensor move(const at::Tensor& self, at::Device target, bool non_blocking) {
+  // With UVM off, PyTorch's allocator would not pass record_stream on.
+  if (target.is_cuda() && !is_enabled()) register_record_stream_kernel();
   if (target.is_cuda()) {
     int count = c10::cuda::device_count();
     TORCH_CHECK_INDEX(target.index() < count, "torch_uvm: cannot move a tensor to ", target,

@@ -22,7 +22,19 @@ std::atomic<int> g_captures{0};
 std::atomic<PrefetchQueue*> g_queue{nullptr};
 std::mutex g_create_mutex;
 
-void mark_forked_child() { g_forked_child = true; }
+// fork(): no thread may hold the allocator's lock across it, or the child's
+// first allocation waits forever. The forking thread takes the lock before
+// the fork and releases it in both processes after.
+void prepare_fork() {
+  if (auto* a = g_allocator.load()) a->prepare_fork();
+}
+void after_fork_in_parent() {
+  if (auto* a = g_allocator.load()) a->after_fork();
+}
+void after_fork_in_child() {
+  g_forked_child = true;
+  if (auto* a = g_allocator.load()) a->after_fork();
+}
 
 }  // namespace
 
@@ -39,6 +51,7 @@ void note_capture_end() { --g_captures; }
 bool capture_underway() { return g_captures.load(std::memory_order_relaxed) > 0; }
 
 PrefetchQueue* prefetch_queue() {
+  if (in_forked_child()) return nullptr;  // its worker thread stayed in the parent
   if (auto* q = g_queue.load()) return q;
   CachingManagedAllocator& a = allocator();
   const AllocatorConfig& config = a.policy().config();
@@ -49,8 +62,9 @@ PrefetchQueue* prefetch_queue() {
   // CUDA runtime (initialized earlier, so torn down later) goes away.
   auto* q = new PrefetchQueue(a.runtime(), {config.prefetch_chunk});
   // cudaFree synchronizes the device, including streams waiting on the
-  // queue's worker: let it issue everything before a segment is freed.
-  a.set_before_release([q] { q->drain(); });
+  // queue's worker: it issues everything, and takes nothing new, while
+  // segments are freed (prefetches meanwhile run on the caller's thread).
+  a.set_release_hooks([q] { q->pause(); }, [q] { q->resume(); });
   g_queue.store(q);
   std::atexit([] {
     if (auto* queue = g_queue.load(); queue != nullptr && !in_forked_child()) queue->stop();
@@ -59,6 +73,13 @@ PrefetchQueue* prefetch_queue() {
 }
 
 void report_prefetch_errors() {
+  if (auto* a = g_allocator.load()) {
+    std::string hint = a->take_hint_error();
+    if (!hint.empty()) {
+      TORCH_WARN("torch_uvm: advice for a new segment failed (the memory is fine; its "
+                 "pages migrate on fault instead): ", hint);
+    }
+  }
   if (auto* q = g_queue.load()) {
     if (auto error = q->take_error()) {
       TORCH_WARN("torch_uvm: an asynchronous prefetch failed (the data is intact; "
@@ -93,7 +114,7 @@ CachingManagedAllocator& allocator() {
     g_hints = hints;
     // Leaked on purpose: tensors may outlive static destructors at exit.
     auto* a = new CachingManagedAllocator(std::move(runtime), config);
-    pthread_atfork(nullptr, nullptr, &mark_forked_child);
+    pthread_atfork(&prepare_fork, &after_fork_in_parent, &after_fork_in_child);
     g_allocator.store(a);
     return *a;
   });

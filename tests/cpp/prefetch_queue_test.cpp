@@ -9,7 +9,11 @@
 #include "core/caching_managed_allocator.h"
 #include "core/errors.h"
 #include "core/prefetch_queue.h"
+#include "runtime/faulty_runtime.h"
 #include "runtime/host_runtime.h"
+
+#include <chrono>
+#include <thread>
 
 #ifdef TORCH_UVM_TEST_CUDA
 #include <cuda_runtime_api.h>
@@ -35,6 +39,31 @@ TEST(PrefetchQueue, SubmitReturnsBeforeThePrefetchIsIssued) {
   q.drain();
   EXPECT_EQ(q.counters().issued, 1u);
   ASSERT_EQ(rt.prefetch_log().size(), 1u);
+}
+
+// The ordering itself, which a data check cannot see (a prefetch never
+// changes data): work recorded on the consumer stream after a submit does
+// not complete until the worker has issued the prefetch and written the
+// ticket. The host runtime honours stream waits, so a wrong ticket fails here.
+TEST(PrefetchQueue, TheConsumerStreamWaitsForTheWorkersPrefetch) {
+  HostRuntime rt;
+  PrefetchQueue q(rt, {});
+  rt.hold_prefetches(true);
+  char buf[64];
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_TRUE(q.submit(buf, sizeof(buf), 0, kConsumer));
+    EventHandle after = rt.create_event(0);
+    rt.record_event(after, kConsumer);  // "a kernel queued after the move"
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_FALSE(rt.query_event(after)) << "the consumer ran before the prefetch was issued";
+    rt.hold_prefetches(false);
+    q.drain();
+    EXPECT_TRUE(rt.query_event(after));
+    rt.synchronize_event(after);
+    rt.destroy_event(after);
+    rt.hold_prefetches(true);
+  }
+  rt.hold_prefetches(false);
 }
 
 TEST(PrefetchQueue, IssuesInOrderOnItsOwnStreamAndReleasesEachTicket) {
@@ -144,6 +173,41 @@ TEST(PrefetchQueueCuda, AStreamWaitsForItsFlag) {
   rt.destroy_flag(flag);
 }
 
+// On the GPU: with the worker's prefetch held back 300 ms, an event recorded
+// on the consumer stream right after the submit stays incomplete, and once
+// the consumer is done the pages' last prefetch went to the GPU.
+TEST(PrefetchQueueCuda, TheConsumerKernelWaitsForTheWorkersPrefetch) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  auto gpu = std::make_shared<GpuRuntime>();
+  FaultyRuntime rt(gpu);
+  rt.before(FaultyRuntime::kPrefetch,
+            [] { std::this_thread::sleep_for(std::chrono::milliseconds(300)); });
+  constexpr std::size_t kBytes = 64 * kMiB;
+  void* p = gpu->allocate_managed(kBytes);
+  ASSERT_NE(p, nullptr);
+  std::memset(p, 1, kBytes);  // host-resident
+  StreamRef consumer = gpu->create_stream(0);
+  auto native = reinterpret_cast<cudaStream_t>(consumer.handle);
+  PrefetchQueue q(rt, {});
+  ASSERT_TRUE(q.submit(p, kBytes, 0, consumer));
+  cudaEvent_t after = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&after, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(after, native), cudaSuccess);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(cudaEventQuery(after), cudaErrorNotReady) << "the consumer did not wait";
+  (void)cudaGetLastError();
+  ASSERT_EQ(cudaStreamSynchronize(native), cudaSuccess);
+  int location = -7;
+  ASSERT_EQ(cudaMemRangeGetAttribute(&location, sizeof(location),
+                                     cudaMemRangeAttributeLastPrefetchLocation, p, kBytes),
+            cudaSuccess);
+  EXPECT_EQ(location, 0);  // read before the queue is drained or destroyed
+  q.drain();
+  cudaEventDestroy(after);
+  gpu->destroy_stream(consumer);
+  gpu->free_managed(p);
+}
+
 // End to end: the consumer stream is done only after the pages moved.
 TEST(PrefetchQueueCuda, ConsumerRunsAfterThePagesMoved) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
@@ -182,7 +246,7 @@ TEST(PrefetchQueueCuda, ReleasingSegmentsWhileTheLegacyStreamWaitsDoesNotDeadloc
   auto rt = std::make_shared<GpuRuntime>();
   CachingManagedAllocator a(rt);
   PrefetchQueue q(*rt, {});
-  a.set_before_release([&q] { q.drain(); });
+  a.set_release_hooks([&q] { q.pause(); }, [&q] { q.resume(); });
   constexpr std::size_t kBytes = 256 * kMiB;
   void* data = a.allocate(kBytes, kCpuDevice, kHostStream);
   std::memset(data, 1, kBytes);

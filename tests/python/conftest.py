@@ -27,6 +27,33 @@ def run_python(code: str, env: dict = None, timeout: int = 300) -> subprocess.Co
                           capture_output=True, text=True, timeout=timeout)
 
 
+def range_attribute(tensor: torch.Tensor, attribute: int) -> int:
+    """cudaMemRangeGetAttribute over the tensor's bytes, read straight from the
+    CUDA runtime: 1 read-mostly, 2 preferred location, 4 last prefetch
+    location (a device, or -1 for the CPU)."""
+    import ctypes
+    import glob
+    lib = None
+    for name in ["libcudart.so.13", "libcudart.so.12", "libcudart.so"] + sorted(
+            glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib",
+                                   "libcudart.so*"))):
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    assert lib is not None, "libcudart not found"
+    value = ctypes.c_int(-7)
+    nbytes = tensor.numel() * tensor.element_size()
+    err = lib.cudaMemRangeGetAttribute(ctypes.byref(value), ctypes.c_size_t(4), ctypes.c_int(attribute),
+                                       ctypes.c_void_p(tensor.data_ptr()), ctypes.c_size_t(nbytes))
+    assert err == 0, f"cudaMemRangeGetAttribute failed: {err}"
+    return value.value
+
+
+READ_MOSTLY, PREFERRED_LOCATION, LAST_PREFETCH_LOCATION = 1, 2, 4
+
+
 @pytest.fixture(scope="session")
 def uvm():
     """torch_uvm with UVM on (GPU tests only)."""

@@ -67,8 +67,12 @@ def test_enabling_without_gpu_is_a_clear_error():
 
 
 def test_disabling_while_off_is_a_no_op():
-    if not torch_uvm.get_enabled_uvm():
+    r = run_python("""
+        import torch, torch_uvm
         torch_uvm.set_enabled_uvm(False)
+        print(torch_uvm.get_enabled_uvm(), torch.ones(2).is_managed())
+    """)
+    assert r.stdout.split() == ["False", "False"], r.stdout + r.stderr
 
 
 def test_set_enabled_requires_a_bool():

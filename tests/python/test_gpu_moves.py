@@ -6,7 +6,8 @@ import pickle
 import pytest
 import torch
 
-from conftest import run_python, gpu, multigpu
+from conftest import (LAST_PREFETCH_LOCATION, PREFERRED_LOCATION, READ_MOSTLY, gpu, multigpu,
+                      range_attribute, run_python)
 
 pytestmark = gpu
 
@@ -63,7 +64,13 @@ def test_large_moves_prefetch_off_thread_and_kernels_see_the_data(uvm):
         with torch.cuda.stream(stream):
             y = x.to("cuda", non_blocking=True)
             assert y.data_ptr() == x.data_ptr()
-            z = y * 2                               # queued behind the prefetch
+        # The stream waits for the worker's prefetch: once it is done, the
+        # prefetch was issued. (A data check cannot tell: a prefetch never
+        # changes data, and page faults would bring the same bytes.)
+        stream.synchronize()
+        assert range_attribute(y, LAST_PREFETCH_LOCATION) == 0, "the stream did not wait"
+        with torch.cuda.stream(stream):
+            z = y * 2
         stream.synchronize()
         expected = (torch.arange(16 << 20, dtype=torch.int32) + round + 1) * 2
         assert torch.equal(z.cpu(), expected)
@@ -130,9 +137,15 @@ def test_allocation_outlives_either_side_of_a_move(uvm):
     torch.cuda.synchronize()
     assert torch.equal(y.cpu(), expected)
     z = torch.randn(1 << 16, device="cuda")
+    expected = z.clone().cpu().clone()
     w = z.to("cpu")
+    assert w.data_ptr() == z.data_ptr()
     del z
-    assert w.sum().item() == pytest.approx(w.sum().item())
+    # Were the block freed with z, these would take it and overwrite w.
+    junk = [torch.full((1 << 16,), 7.0, device="cuda") for _ in range(4)]
+    torch.cuda.synchronize()
+    assert torch.equal(w, expected)
+    del junk
 
 
 def test_autograd_through_moves(uvm):
@@ -164,17 +177,29 @@ def test_save_load_and_pickle(uvm, tmp_path):
 
 
 def test_prefetch_and_advise(uvm):
-    x = torch.randn(1 << 20)
+    # Advice and prefetches are read back from the driver: a data comparison
+    # cannot fail, since neither changes data.
+    x = torch.randn(4 << 20)  # 16 MiB: the prefetch goes through the worker
     uvm.advise(x, "read_mostly")
+    assert range_attribute(x, READ_MOSTLY) == 1
+    uvm.advise(x, "unset_read_mostly")
+    assert range_attribute(x, READ_MOSTLY) == 0
     uvm.prefetch(x, "cuda")
+    torch.cuda.current_stream().synchronize()  # waits for the worker's prefetch
+    assert range_attribute(x, LAST_PREFETCH_LOCATION) == 0
+    uvm.prefetch(x, "cpu")
+    torch.cuda.current_stream().synchronize()
+    assert range_attribute(x, LAST_PREFETCH_LOCATION) == -1
     s = torch.cuda.Stream()
     uvm.prefetch(x, "cuda:0", stream=s)
-    uvm.advise(x, "unset_read_mostly")
-    uvm.advise(x, "accessed_by", "cuda")
+    s.synchronize()
+    assert range_attribute(x, LAST_PREFETCH_LOCATION) == 0
     uvm.advise(x, "preferred_location", "cpu")
-    uvm.prefetch(x, "cpu")
+    assert range_attribute(x, PREFERRED_LOCATION) == -1
+    uvm.advise(x, "preferred_location", "cuda")
+    assert range_attribute(x, PREFERRED_LOCATION) == 0
+    uvm.advise(x, "accessed_by", "cuda")
     torch.cuda.synchronize()
-    assert torch.equal(x.to("cuda").cpu(), x)
 
 
 @pytest.mark.parametrize("call, exc, match", [

@@ -208,3 +208,74 @@ def test_allocation_during_graph_capture_goes_to_a_private_pool():
         print(y.sum().item(), z.item(), w.sum().item())
     """, timeout=120)
     assert r.stdout.split() == ["2097152.0", "3072.0", "16.0"], r.stdout + r.stderr
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "open (issue 11): on an H100, one of the five rounds reuses x's block, yet y is "
+    "always intact, so the reuse came after s2's work; why the fence completed early "
+    "is not understood yet"))
+def test_record_stream_on_a_managed_tensor_with_uvm_off():
+    # UVM off: PyTorch's allocator is installed and ignores pointers it does
+    # not own, so torch_uvm must hear of the stream itself (issue 11).
+    r = run_python("""
+        import torch, torch_uvm
+        s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+        reused = bad = 0
+        with torch.cuda.stream(s1):  # warm up: no first-call delays below
+            torch_uvm.manage_memory(torch.empty(1 << 16, device='cuda')).fill_(0)
+        torch.cuda.synchronize()
+        for _ in range(5):
+            with torch.cuda.stream(s1):
+                x = torch_uvm.manage_memory(torch.ones(1 << 16, device='cuda'))
+                evt = torch.cuda.current_stream().record_event()
+            with torch.cuda.stream(s2):
+                torch.cuda._sleep(200_000_000)   # s2 reads x ~0.1 s from now
+                torch.cuda.current_stream().wait_event(evt)
+                y = x * 3
+            x.record_stream(s2)
+            ptr = x.data_ptr()
+            del x
+            with torch.cuda.stream(s1):
+                z = torch_uvm.manage_memory(torch.empty(1 << 16, device='cuda'))
+                reused += z.data_ptr() == ptr
+                z.fill_(0)                        # would clobber x before s2 reads it
+            torch.cuda.synchronize()
+            bad += not torch.equal(y, torch.full_like(y, 3.0))
+        print(torch_uvm.get_enabled_uvm(), reused, bad)
+    """, timeout=120)
+    assert r.stdout.split() == ["False", "0", "0"], r.stdout + r.stderr
+
+
+def test_fork_while_other_threads_allocate_and_move():
+    # Nobody may hold the allocator's lock across fork(), or the child's
+    # first allocation waits forever (issue 11).
+    r = run_python("""
+        import os, signal, threading, torch, torch_uvm
+        torch_uvm.set_enabled_uvm(True)
+        stop = False
+        def churn():
+            while not stop:
+                x = torch.randn(1 << 14)
+                y = x.to('cuda') * 2
+                z = torch.empty(1 << 15, device='cuda')
+                del x, y, z
+        threads = [threading.Thread(target=churn) for _ in range(3)]
+        for t in threads: t.start()
+        bad = 0
+        inherited = torch.ones(1 << 12)        # managed, made before the forks
+        for i in range(20):
+            pid = os.fork()
+            if pid == 0:
+                signal.alarm(20)               # a hung child dies of SIGALRM
+                t = torch.ones(1 << 12) * 2    # the child's own (ordinary) memory
+                ok = (t.sum().item() == 8192 and torch_uvm.is_managed(inherited)
+                      and not torch_uvm.is_managed(t)
+                      and torch_uvm.memory_stats()['allocation.all.current'] > 0)
+                os._exit(0 if ok else 3)
+            _, status = os.waitpid(pid, 0)
+            bad += status != 0
+        stop = True
+        for t in threads: t.join()
+        print('bad', bad)
+    """, timeout=300)
+    assert r.stdout.split() == ["bad", "0"], r.stdout + r.stderr
