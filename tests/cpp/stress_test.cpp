@@ -8,6 +8,7 @@
 // TORCH_UVM_STRESS_OPS sets the total operations (default 1,000,000);
 // TORCH_UVM_STRESS_CHECK_EVERY checks every N-th step (default 1).
 #include <atomic>
+#include <functional>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -59,6 +60,69 @@ void check_counters(const MemoryStats& s) {
   ASSERT_LE(s.reserved_bytes.all().current, s.cap_bytes);
 }
 
+
+// One thread's share of the randomized operations: allocate (45%), free
+// (45%, checking the owner's bytes first), record_stream (7%), finish the
+// streams' work (2%), empty_cache (1 in empty_cache_odds of the rest).
+// Allocator exceptions propagate: each test says which it expects.
+struct RandomOps {
+  CachingManagedAllocator& a;
+  std::vector<StreamRef> streams;
+  std::function<void()> finish_work;
+  unsigned empty_cache_odds;
+  std::mt19937_64 rng;
+  std::vector<Live> live;
+  std::uniform_real_distribution<double> log_size{0.0, 25.0};  // 1 B .. 32 MiB
+
+  // False if a live allocation was found overwritten.
+  bool step() {
+    unsigned op = rng() % 100;
+    if (op < 45 || live.empty()) {
+      std::size_t size = std::max<std::size_t>(16, std::size_t(std::exp2(log_size(rng))));
+      DeviceIndex home = (rng() % 4 == 0) ? kCpuDevice : 0;
+      StreamRef stream = home == kCpuDevice ? kHostStream : streams[rng() % streams.size()];
+      auto* p = static_cast<unsigned char*>(a.allocate(size, home, stream));
+      Live l{p, size, rng()};
+      write_tag(l);
+      live.push_back(l);
+    } else if (op < 90) {
+      std::size_t i = rng() % live.size();
+      bool intact = tag_intact(live[i]);
+      a.free(live[i].ptr);
+      live[i] = live.back();
+      live.pop_back();
+      return intact;
+    } else if (op < 97) {
+      a.record_stream(live[rng() % live.size()].ptr, streams[rng() % streams.size()]);
+    } else if (op < 99) {
+      finish_work();
+    } else if (rng() % empty_cache_odds == 0) {
+      a.empty_cache();
+    }
+    return true;
+  }
+
+  // Invariants and counters; false (with a failure added) if broken.
+  bool check(int id, std::size_t step_index) {
+    try {
+      a.check_invariants();
+    } catch (const std::logic_error& e) {
+      ADD_FAILURE() << "step " << step_index << " of thread " << id << ": " << e.what();
+      return false;
+    }
+    check_counters(a.stats());
+    return true;
+  }
+
+  void free_all() {
+    for (const Live& l : live) {
+      if (!tag_intact(l)) ADD_FAILURE() << "a live allocation was overwritten";
+      a.free(l.ptr);
+    }
+    live.clear();
+  }
+};
+
 using StressTest = AllocatorTest;
 
 TEST_P(StressTest, RandomizedOperationsFromSeveralThreadsKeepEveryInvariant) {
@@ -73,54 +137,21 @@ TEST_P(StressTest, RandomizedOperationsFromSeveralThreadsKeepEveryInvariant) {
   std::atomic<bool> failed{false};
 
   auto worker = [&](int id) {
-    std::mt19937_64 rng(1234 + id);
-    std::vector<Live> live;
-    std::uniform_real_distribution<double> log_size(0.0, 25.0);  // 1 B .. 32 MiB
+    RandomOps ops{alloc(), streams, [&] { GetParam().finish_work(*runtime_); }, 50,
+                  std::mt19937_64(1234 + id), {}};
     const std::size_t my_ops = total_ops / kThreads;
     for (std::size_t step = 0; step < my_ops && !failed; ++step) {
-      unsigned op = rng() % 100;
-      if (op < 45 || live.empty()) {
-        std::size_t size = std::max<std::size_t>(16, std::size_t(std::exp2(log_size(rng))));
-        DeviceIndex home = (rng() % 4 == 0) ? kCpuDevice : 0;
-        StreamRef stream = home == kCpuDevice ? kHostStream : streams[rng() % streams.size()];
-        try {
-          auto* p = static_cast<unsigned char*>(alloc().allocate(size, home, stream));
-          Live l{p, size, rng()};
-          write_tag(l);
-          live.push_back(l);
-        } catch (const OutOfMemoryError&) {
-          ++ooms;
-        }
-      } else if (op < 90) {
-        std::size_t i = rng() % live.size();
-        if (!tag_intact(live[i])) {
+      try {
+        if (!ops.step()) {
           failed = true;
           ADD_FAILURE() << "a live allocation was overwritten";
         }
-        alloc().free(live[i].ptr);
-        live[i] = live.back();
-        live.pop_back();
-      } else if (op < 97) {
-        alloc().record_stream(live[rng() % live.size()].ptr, streams[rng() % streams.size()]);
-      } else if (op < 99) {
-        GetParam().finish_work(*runtime_);
-      } else if (rng() % 50 == 0) {
-        alloc().empty_cache();
+      } catch (const OutOfMemoryError&) {
+        ++ooms;
       }
-      if (step % check_every == 0) {
-        try {
-          alloc().check_invariants();
-        } catch (const std::logic_error& e) {
-          failed = true;
-          ADD_FAILURE() << "step " << step << " of thread " << id << ": " << e.what();
-        }
-        check_counters(alloc().stats());
-      }
+      if (step % check_every == 0 && !ops.check(id, step)) failed = true;
     }
-    for (const Live& l : live) {
-      if (!tag_intact(l)) ADD_FAILURE() << "a live allocation was overwritten";
-      alloc().free(l.ptr);
-    }
+    ops.free_all();
     ops_done += my_ops;
   };
   std::vector<std::thread> threads;
@@ -163,55 +194,22 @@ TEST_P(StressTest, RandomFailuresOfEveryRuntimeCallKeepEveryInvariant) {
   std::atomic<bool> failed{false};
 
   auto worker = [&](int id) {
-    std::mt19937_64 rng(777 + id);
-    std::vector<Live> live;
-    std::uniform_real_distribution<double> log_size(0.0, 25.0);
+    RandomOps ops{alloc(), streams, [&] { GetParam().finish_work(*inner); }, 1,
+                  std::mt19937_64(777 + id), {}};
     for (std::size_t step = 0; step < total_ops / kThreads && !failed; ++step) {
-      unsigned op = rng() % 100;
       try {
-        if (op < 45 || live.empty()) {
-          std::size_t size = std::max<std::size_t>(16, std::size_t(std::exp2(log_size(rng))));
-          DeviceIndex home = (rng() % 4 == 0) ? kCpuDevice : 0;
-          StreamRef stream = home == kCpuDevice ? kHostStream : streams[rng() % streams.size()];
-          auto* p = static_cast<unsigned char*>(alloc().allocate(size, home, stream));
-          Live l{p, size, rng()};
-          write_tag(l);
-          live.push_back(l);
-        } else if (op < 90) {
-          std::size_t i = rng() % live.size();
-          if (!tag_intact(live[i])) {
-            failed = true;
-            ADD_FAILURE() << "a live allocation was overwritten";
-          }
-          alloc().free(live[i].ptr);
-          live[i] = live.back();
-          live.pop_back();
-        } else if (op < 97) {
-          alloc().record_stream(live[rng() % live.size()].ptr, streams[rng() % streams.size()]);
-        } else if (op < 99) {
-          GetParam().finish_work(*inner);
-        } else {
-          alloc().empty_cache();
+        if (!ops.step()) {
+          failed = true;
+          ADD_FAILURE() << "a live allocation was overwritten";
         }
       } catch (const OutOfMemoryError&) {
         ++errors;
       } catch (const RuntimeError&) {
         ++errors;  // an injected driver failure, reported to the caller
       }
-      if (step % check_every == 0) {
-        try {
-          alloc().check_invariants();
-        } catch (const std::logic_error& e) {
-          failed = true;
-          ADD_FAILURE() << "step " << step << " of thread " << id << ": " << e.what();
-        }
-        check_counters(alloc().stats());
-      }
+      if (step % check_every == 0 && !ops.check(id, step)) failed = true;
     }
-    for (const Live& l : live) {
-      if (!tag_intact(l)) ADD_FAILURE() << "a live allocation was overwritten";
-      alloc().free(l.ptr);
-    }
+    ops.free_all();
   };
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
