@@ -103,7 +103,9 @@ Block* CachingManagedAllocator::allocate_block(std::size_t size,
   stats_.count(&MemoryStats::num_alloc_retries, where.home);
   drain_pending_waiting(lock);
   if (Block* b = take_cached_block(size, where, small)) return b;
-  release_cached(/*keep=*/0, lock);
+  // A capture may have begun while the lock was released: then nothing is
+  // freed (a free would break it).
+  if (captures_underway_ == 0) release_cached(/*keep=*/0, lock);
   if (Block* b = take_cached_block(size, where, small)) return b;
   if (Block* b = new_segment(size, where, small)) return b;
   std::size_t segment = policy_.segment_size(size);
