@@ -30,6 +30,7 @@ CachingManagedAllocator::~CachingManagedAllocator() {
     auto events = pending_.detach();
     std::vector<bool> done;
     pending_.wait(events, done);
+    for (const auto& e : events) runtime_->destroy_event(e.event);
   } catch (...) {
     // The runtime may be shutting down; the memory goes with the process.
   }
@@ -108,6 +109,15 @@ Block* CachingManagedAllocator::allocate_block(std::size_t size,
   if (captures_underway_ == 0) release_cached(/*keep=*/0, lock);
   if (Block* b = take_cached_block(size, where, small)) return b;
   if (Block* b = new_segment(size, where, small)) return b;
+  // Another thread may be freeing segments or waiting on events right now,
+  // with their bytes still counted: wait for it to settle, then try again.
+  if (in_flight_ > 0) {
+    settled_.wait(lock, [this] { return in_flight_ == 0; });
+    if (Block* b = take_cached_block(size, where, small)) return b;
+    if (captures_underway_ == 0) release_cached(/*keep=*/0, lock);
+    if (Block* b = take_cached_block(size, where, small)) return b;
+    if (Block* b = new_segment(size, where, small)) return b;
+  }
   std::size_t segment = policy_.segment_size(size);
   const char* why = "the device has no managed memory left";
   if (!cap_.admits(static_cast<std::size_t>(stats_.total().reserved_bytes.all().current),
@@ -321,12 +331,19 @@ void CachingManagedAllocator::drain_pending_waiting(std::unique_lock<std::mutex>
   auto events = pending_.detach();
   if (events.empty()) return;
   stats_.count(&MemoryStats::num_sync_all_streams, kCpuDevice);
+  ++in_flight_;
   lock.unlock();
   std::vector<bool> done;
   pending_.wait(events, done);  // touches no shared state
   lock.lock();
   // An event whose wait failed is parked again, its block kept.
   for (Block* b : pending_.settle(events, done)) return_to_pool(b);
+  --in_flight_;
+  settled_.notify_all();
+}
+
+void CachingManagedAllocator::wait_until_settled(std::unique_lock<std::mutex>& lock) {
+  settled_.wait(lock, [this] { return in_flight_ == 0; });
 }
 
 // ---- streams and lookup ----------------------------------------------------
@@ -406,6 +423,7 @@ std::string CachingManagedAllocator::free_detached(std::vector<Segment*> segment
   if (segments.empty()) return "";
   auto before = before_release_;
   auto after = after_release_;
+  ++in_flight_;
   lock.unlock();
   std::vector<bool> freed(segments.size(), false);
   std::string error;
@@ -422,7 +440,11 @@ std::string CachingManagedAllocator::free_detached(std::vector<Segment*> segment
   } catch (const std::exception& e) {
     if (error.empty()) error = e.what();
   }
-  if (after) after();
+  try {
+    if (after) after();
+  } catch (const std::exception& e) {
+    if (error.empty()) error = e.what();
+  }
   lock.lock();
   for (std::size_t i = 0; i < segments.size(); ++i) {
     Segment* segment = segments[i];
@@ -446,6 +468,8 @@ std::string CachingManagedAllocator::free_detached(std::vector<Segment*> segment
     delete segment;
   }
   forget_empty_pools();
+  --in_flight_;
+  settled_.notify_all();
   return error;
 }
 
@@ -513,6 +537,7 @@ std::size_t CachingManagedAllocator::safe_cap_limit() const {
 void CachingManagedAllocator::set_cap(std::size_t bytes,
                                       bool allow_oversubscription) {
   std::unique_lock<std::mutex> lock(mutex_);
+  wait_until_settled(lock);  // bytes being freed by another thread still count
   auto reserved = [&] {
     return static_cast<std::size_t>(stats_.total().reserved_bytes.all().current);
   };

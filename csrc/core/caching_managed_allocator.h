@@ -20,6 +20,7 @@
 // Thread-safe: one mutex guards all state.
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <functional>
 #include <map>
@@ -204,6 +205,9 @@ class CachingManagedAllocator {
   // waits for all events first, without holding it.
   void drain_pending();
   void drain_pending_waiting(std::unique_lock<std::mutex>& lock);
+  // Waits until no other thread is freeing segments or waiting on events
+  // with the lock released (their bytes and blocks are out of reach then).
+  void wait_until_settled(std::unique_lock<std::mutex>& lock);
   void defer_free(Block* block);
   void return_to_pool(Block* block);
   void pool_insert(Block* block);
@@ -233,6 +237,8 @@ class CachingManagedAllocator {
   int captures_underway_ = 0;
   std::function<void()> before_release_, after_release_;
   std::vector<Segment*> releasing_;  // detached, being freed without the lock
+  int in_flight_ = 0;                // releases and event waits under way unlocked
+  std::condition_variable settled_;  // notified when one ends
   std::vector<Block*> parked_during_capture_;  // kPendingFree, no events yet
   StatsBook stats_;
   std::string hint_error_;

@@ -22,13 +22,19 @@ MemoryCap::MemoryCap(Runtime& runtime, const AllocatorConfig& config)
 
 void MemoryCap::use_device(DeviceIndex device) {
   if (device < 0 || used_.count(device)) return;
+  const std::size_t limit = std::min(safe_limit_, runtime_.memory_info(device).free_bytes);
+  // Checked before anything changes: a refused cap stays refused next time.
+  TORCH_UVM_CHECK_ARG(
+      !cap_explicit_ || cap_may_oversubscribe_ || cap_ <= limit,
+      "a managed memory cap of ", format_bytes(cap_), " exceeds the free device memory (",
+      format_bytes(limit), " on ", device_name(device),
+      "). Oversubscribing managed memory can stall the GPU for every process on it. Use a "
+      "smaller cap, or opt in with allow_oversubscription "
+      "(PYTORCH_UVM_ALLOC_CONF=allow_oversubscription:1 or "
+      "set_memory_cap(..., allow_oversubscription=True)).");
   used_.insert(device);
-  safe_limit_ = std::min(safe_limit_, runtime_.memory_info(device).free_bytes);
-  if (cap_explicit_) {
-    set(cap_, cap_may_oversubscribe_);
-  } else {
-    resolve_default();
-  }
+  safe_limit_ = limit;
+  if (!cap_explicit_) resolve_default();
 }
 
 void MemoryCap::resolve_default() {

@@ -7,6 +7,7 @@
 // splitting its one free block at the checkpoint's allocation boundaries;
 // free stretches between allocations stay whole, as coalescing would leave
 // them.
+#include <set>
 #include <unordered_map>
 
 #include "core/block_split.h"
@@ -36,8 +37,12 @@ PoolCheckpoint CachingManagedAllocator::checkpoint_pool(PoolId pool) const {
 
 PoolRestore CachingManagedAllocator::restore_pool(const PoolCheckpoint& checkpoint) {
   std::unique_lock<std::mutex> lock(mutex_);
-  // The pool's pending blocks become free first (waiting without the lock).
-  if (captures_underway_ == 0) drain_pending_waiting(lock);
+  // The pool's pending blocks become free first (waiting without the lock),
+  // also those another thread is waiting on.
+  if (captures_underway_ == 0) {
+    drain_pending_waiting(lock);
+    wait_until_settled(lock);
+  }
   const PoolId pool = checkpoint.pool;
   auto it = pools_.find(pool);
   TORCH_UVM_CHECK_ARG(it != pools_.end() && it->second.use_count > 0, "torch_uvm: cannot restore "
@@ -53,7 +58,10 @@ PoolRestore CachingManagedAllocator::restore_pool(const PoolCheckpoint& checkpoi
                           "): a block freed after use on another stream is still fenced");
     }
   }
+  std::set<const char*> seen;
   for (const auto& s : checkpoint.segments) {
+    TORCH_UVM_CHECK_ARG(seen.insert(s.base).second,
+                        "torch_uvm: a pool checkpoint that names a segment twice");
     auto seg = segments_.find(s.base);
     TORCH_UVM_CHECK_ARG(seg != segments_.end() && seg->second->pool == pool &&
                             seg->second->size == s.size,
@@ -61,7 +69,8 @@ PoolRestore CachingManagedAllocator::restore_pool(const PoolCheckpoint& checkpoi
                         "): its segment at ", hex(s.base), " is gone");
     std::size_t covered = 0;
     for (const auto& b : s.blocks) {
-      TORCH_UVM_CHECK_ARG(b.ptr == s.base + covered && b.size > 0,
+      TORCH_UVM_CHECK_ARG(b.ptr == s.base + covered && b.size > 0 &&
+                              b.size % kMinBlockSize == 0 && b.requested <= b.size,
                           "torch_uvm: a pool checkpoint whose blocks do not tile their segment");
       covered += b.size;
     }

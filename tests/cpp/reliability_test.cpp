@@ -170,6 +170,73 @@ TEST_F(ReliabilityTest, APrefetchSubmittedDuringAReleaseRunsOnTheCallersThread) 
   a().free(data);
 }
 
+TEST_F(ReliabilityTest, AnAllocationDuringAnotherThreadsReleaseWaitsInsteadOfFailing) {
+  a().set_cap(800 * kMiB);
+  a().free(a().allocate(700 * kMiB, 0, kA));
+  std::promise<void> in_free;
+  faulty_->before(Call::kFree, [&] {
+    in_free.set_value();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  });
+  auto started = in_free.get_future();
+  std::thread releaser([&] { a().empty_cache(); });
+  started.wait();
+  // The 700 MiB being freed still count against the cap: this used to be an
+  // out-of-memory error although the memory was moments from free.
+  void* p = nullptr;
+  EXPECT_NO_THROW(p = a().allocate(700 * kMiB, 0, kB));
+  releaser.join();
+  faulty_->before(Call::kFree, nullptr);
+  a().free(p);
+}
+
+TEST_F(ReliabilityTest, AThrowingReleaseHookLosesNoSegment) {
+  a().set_release_hooks(nullptr, [] { throw RuntimeError("injected: after-release hook"); });
+  a().free(a().allocate(3 * kMiB, 0, kA));
+  EXPECT_THROW(a().empty_cache(), RuntimeError);
+  a().set_release_hooks(nullptr, nullptr);
+  EXPECT_EQ(a().stats().reserved_bytes.all().current, 0);
+  EXPECT_EQ(host_->bytes_in_use(), 0u);
+}
+
+TEST_F(ReliabilityTest, ACheckpointNamingASegmentTwiceIsRefused) {
+  const StreamRef capture{0, 0x99};
+  a().begin_allocate_to_pool({3, 3}, [capture](StreamRef s) { return s == capture; });
+  void* p = a().allocate(4096, 0, capture);
+  a().end_allocate_to_pool({3, 3});
+  PoolCheckpoint cp = a().checkpoint_pool({3, 3});
+  cp.segments.push_back(cp.segments[0]);
+  EXPECT_THROW(a().restore_pool(cp), InvalidArgument);
+  a().check_invariants();
+  a().free(p);
+  a().release_pool({3, 3});
+}
+
+// ---- the cap -------------------------------------------------------------------
+
+TEST(ReliabilityCap, ACapRefusedForAGpuStaysRefused) {
+  AllocatorConfig config;
+  config.cap_bytes = 4ull << 30;  // the "GPU" has 1 GiB
+  CachingManagedAllocator a(std::make_shared<HostRuntime>(1, 1ull << 30), config);
+  EXPECT_THROW(a.allocate(4096, 0, kA), InvalidArgument);
+  // Used to pass the second time: the GPU was marked read before the check.
+  EXPECT_THROW(a.allocate(4096, 0, kA), InvalidArgument);
+}
+
+TEST(ReliabilityCap, ACapThatFallsWhenAnotherGpuIsUsedLeavesConsistentBooks) {
+  auto rt = std::make_shared<HostRuntime>(2, 1ull << 30);
+  CachingManagedAllocator a(rt);
+  void* big = a.allocate(600 * kMiB, 0, kA);
+  // GPU 1's free memory is read now (the host runtime's GPUs share one pool,
+  // so it has 424 MiB free): the cap falls below the 600 MiB reserved.
+  EXPECT_THROW(a.allocate(kMiB, 1, StreamRef{1, 0x40}), OutOfMemoryError);
+  EXPECT_LT(a.cap(), 600 * kMiB);
+  a.check_invariants();  // reserved above a lowered cap is legitimate
+  a.free(big);
+  a.empty_cache();
+  a.free(a.allocate(kMiB, 1, StreamRef{1, 0x40}));  // room again
+}
+
 // ---- the oversubscription opt-in ---------------------------------------------
 
 TEST_F(ReliabilityTest, AllowOversubscriptionHoldsForOneCapOnly) {
