@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Union
 
 import torch
 
-from . import _C
+from . import _C, _workers
 
 __all__ = [
     "set_enabled_uvm", "get_enabled_uvm", "is_managed", "manage_memory", "unmanage_memory",
@@ -209,21 +209,16 @@ def _install_tensor_methods() -> None:
 
 
 def _prefer_safe_start_method() -> None:
-    """Managed memory is not readable in a child made by fork(): CUDA does not
-    survive fork, so a DataLoader worker touching a managed tensor of its
-    parent would crash. Unless the program chose a start method itself, make
-    new processes start with 'forkserver', which hands tensors to workers
-    through shared memory instead."""
+    """See torch_uvm/_workers.py: forkserver unless the program chose a start
+    method, and DataLoader workers that can read the dataset either way."""
     import multiprocessing
     import warnings
-    if multiprocessing.get_start_method(allow_none=True) is None and \
-            "forkserver" in multiprocessing.get_all_start_methods():
-        multiprocessing.set_start_method("forkserver")
-    elif multiprocessing.get_start_method(allow_none=True) == "fork":
-        warnings.warn("torch_uvm: the multiprocessing start method is 'fork'; worker "
-                      "processes cannot read managed tensors of their parent. Use "
-                      "'forkserver' or 'spawn' (e.g. DataLoader(multiprocessing_context="
-                      "'forkserver')).", RuntimeWarning, stacklevel=3)
+    _workers.prefer_safe_start_method()
+    if multiprocessing.get_start_method(allow_none=True) == "fork":
+        warnings.warn("torch_uvm: the multiprocessing start method is 'fork'. DataLoader "
+                      "workers get copies of the dataset's managed tensors, but other "
+                      "forked processes cannot read managed tensors of their parent: "
+                      "start those with 'forkserver' or 'spawn'.", RuntimeWarning, stacklevel=3)
 
 
 def _validate_environment() -> None:

@@ -168,6 +168,7 @@ Block* CachingManagedAllocator::new_segment(std::size_t size, const Placement& w
     // Advice is a hint: the segment works without it (pages then migrate on
     // fault). Keep it, and let the caller report the failure.
     if (hint_error_.empty()) hint_error_ = e.what();
+    has_hint_error_.store(true, std::memory_order_release);
   }
   auto* block = new Block();
   block->ptr = segment->base;
@@ -582,7 +583,10 @@ void CachingManagedAllocator::set_observer(AllocatorObserver observer) {
 }
 
 std::string CachingManagedAllocator::take_hint_error() {
+  // Asked on every move: the lock only when there is something to take.
+  if (!has_hint_error_.load(std::memory_order_acquire)) return {};
   std::lock_guard<std::mutex> lock(mutex_);
+  has_hint_error_.store(false, std::memory_order_relaxed);
   std::string error;
   error.swap(hint_error_);
   return error;

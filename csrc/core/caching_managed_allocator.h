@@ -20,6 +20,7 @@
 // Thread-safe: one mutex guards all state.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
@@ -242,6 +243,7 @@ class CachingManagedAllocator {
   std::vector<Block*> parked_during_capture_;  // kPendingFree, no events yet
   StatsBook stats_;
   std::string hint_error_;
+  std::atomic<bool> has_hint_error_{false};
   AllocatorObserver observer_;
 
   struct PrivatePool {

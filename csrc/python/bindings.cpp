@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include "core/config.h"
+#include "torch/forked_worker_memory.h"
 #include "torch/state.h"
 #include "torch_uvm/torch_uvm.h"
 
@@ -58,6 +59,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("is_managed", &is_managed);
   m.def("manage_memory", &manage_memory);
   m.def("unmanage_memory", &unmanage_memory);
+  m.def("adopt_copy_in_forked_child", &adopt_copy_in_forked_child);
   m.def("uvm_to", &uvm_to, py::arg("tensor"), py::arg("device"), py::arg("non_blocking") = false);
   m.def("prefetch",
         [](const at::Tensor& t, std::optional<at::Device> device, const py::object& stream) {

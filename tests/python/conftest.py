@@ -17,13 +17,27 @@ gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA device")
 multigpu = pytest.mark.skipif(GPU_COUNT < 2, reason="needs two CUDA devices")
 
 
-def run_python(code: str, env: dict = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Runs `code` in a fresh interpreter with the repository on sys.path."""
+def _child_env(env: dict = None) -> dict:
     full_env = dict(os.environ)
     full_env.pop("PYTORCH_ENABLE_UNIFIED_MEMORY", None)
-    full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
+    here = os.path.dirname(os.path.abspath(__file__))   # helpers such as cross_stream
+    full_env["PYTHONPATH"] = os.pathsep.join([ROOT, here, full_env.get("PYTHONPATH", "")])
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
+    return full_env
+
+
+def run_python(code: str, env: dict = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter with the repository on sys.path."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=_child_env(env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_script(path, code: str, env: dict = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Writes `code` to the file `path` and runs it as a script (`python path`):
+    unlike `-c`, a script is what forkserver and spawn re-run in a child."""
+    with open(path, "w") as f:
+        f.write(textwrap.dedent(code))
+    return subprocess.run([sys.executable, str(path)], env=_child_env(env),
                           capture_output=True, text=True, timeout=timeout)
 
 

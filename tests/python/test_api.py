@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import torch_uvm
-from conftest import HAS_GPU, run_python
+from conftest import HAS_GPU, run_python, run_script
 
 
 def test_public_api_is_documented():
@@ -137,3 +137,20 @@ def test_enable_variable_without_gpu_names_the_problem():
 def test_options_are_described():
     lines = torch_uvm._C.describe_options()
     assert any(line.startswith("max_split_size_mb") for line in lines)
+
+
+def test_code_outside_the_main_guard_is_told_apart(tmp_path):
+    # forkserver and spawn re-run a script in each child: only code outside
+    # `if __name__ == "__main__":` runs again there (issue 11).
+    r = run_script(tmp_path / "script.py", """
+        import torch_uvm._workers as w
+        def helper():
+            return w.runs_outside_main_guard()
+        top = w.runs_outside_main_guard()
+        via_function = helper()
+        if __name__ == "__main__":
+            print(top, via_function, w.runs_outside_main_guard(), helper())
+    """)
+    assert r.stdout.split() == ["True", "True", "False", "False"], r.stdout + r.stderr
+    r = run_python("import torch_uvm._workers as w; print(w.runs_outside_main_guard())")
+    assert r.stdout.split() == ["False"], r.stdout + r.stderr   # `-c` is never re-run
