@@ -28,6 +28,8 @@ __all__ = [
     "set_move_advice", "get_move_advice", "memory_stats", "memory_summary", "memory_snapshot",
     "empty_cache", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
     "set_memory_cap", "get_memory_cap", "set_release_threshold", "ADVICE",
+    "set_residency_limit", "get_residency_limit", "residency_stats", "offload", "prefetching",
+    "bring",
 ]
 
 #: The advice names accepted by :func:`advise`.
@@ -138,8 +140,16 @@ def get_move_advice() -> bool:
 
 def memory_stats() -> Dict[str, int]:
     """Allocator statistics with the keys of ``torch.cuda.memory_stats()``,
-    plus ``cap_bytes``. Counts cover the CPU and every GPU together."""
-    return dict(sorted(_C.memory_stats().items()))
+    plus ``cap_bytes``. Counts cover the CPU and every GPU together.
+    ``residency.cuda:N.*`` keys describe the memory streamed under GPU N's
+    residency budget (see :func:`set_residency_limit`)."""
+    stats = dict(_C.memory_stats())
+    from .offload import _BUDGET
+    for d in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
+        residency = _BUDGET.stats(d)
+        if residency["limit"] or residency["prefetched_bytes"]:
+            stats.update({f"residency.cuda:{d}.{k}": v for k, v in residency.items()})
+    return dict(sorted(stats.items()))
 
 
 def memory_snapshot() -> List[dict]:
@@ -226,6 +236,9 @@ def _validate_environment() -> None:
     if conf:
         _C.parse_alloc_conf(conf)
 
+
+from .offload import (bring, get_residency_limit, offload, prefetching,  # noqa: E402
+                      residency_stats, set_residency_limit)
 
 _install_tensor_methods()
 _validate_environment()

@@ -128,6 +128,18 @@ const std::vector<Option>& options() {
        [](AllocatorConfig& c, const std::string& k, const std::string& v) {
          c.async_prefetch = parse_bool(v, "PYTORCH_UVM_ALLOC_CONF option '" + k + "'");
        }},
+      {"residency_limit_mb", "none",
+       "residency budget per GPU for the memory torch_uvm streams (offload, "
+       "prefetching), in MiB",
+       [](AllocatorConfig& c, const std::string& k, const std::string& v) {
+         c.residency_limit = positive_mb(k, v);
+       }},
+      {"prefetch_on_alloc", "false",
+       "prefetch each new allocation to its GPU on its stream (RMM's prefetch "
+       "adaptor)",
+       [](AllocatorConfig& c, const std::string& k, const std::string& v) {
+         c.prefetch_on_alloc = parse_bool(v, "PYTORCH_UVM_ALLOC_CONF option '" + k + "'");
+       }},
       {"prefetch_chunk_mb", "0",
        "the worker prefetches in pieces of this size (0: whole ranges)",
        [](AllocatorConfig& c, const std::string& k, const std::string& v) {

@@ -40,6 +40,11 @@ struct AllocatorConfig {
   bool async_prefetch = true;
   // The worker issues prefetches in pieces of this size (0: one call).
   std::size_t prefetch_chunk = 0;
+  // Residency budget per GPU for streamed memory (0: none); carried out by
+  // torch_uvm/offload.py, decided by core/residency.h.
+  std::size_t residency_limit = 0;
+  // Prefetch each new GPU-home allocation to its GPU, on its stream.
+  bool prefetch_on_alloc = false;
 };
 
 // Parses "key:value,..." on top of `base`. Throws InvalidArgument naming the

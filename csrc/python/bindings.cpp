@@ -3,6 +3,8 @@
 #include <torch/extension.h>
 
 #include "core/config.h"
+#include "core/residency.h"
+#include "torch/managed_tensor.h"
 #include "torch/forked_worker_memory.h"
 #include "torch/state.h"
 #include "torch_uvm/torch_uvm.h"
@@ -60,6 +62,43 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("manage_memory", &manage_memory);
   m.def("unmanage_memory", &unmanage_memory);
   m.def("adopt_copy_in_forked_child", &adopt_copy_in_forked_child);
+  m.def("alias_on_device", [](const at::Tensor& t, const py::object& device) {
+    TORCH_CHECK(is_managed(t), "torch_uvm: only a managed tensor can be seen on another device");
+    return alias_on_device(t, device.cast<c10::Device>());
+  });
+  // The residency budget's policy (core/residency.h); torch_uvm/offload.py
+  // carries out the evictions it returns.
+  py::class_<ResidencyBudget>(m, "ResidencyBudget")
+      .def(py::init<>())
+      .def("set_limit", &ResidencyBudget::set_limit)
+      .def("limit", &ResidencyBudget::limit)
+      .def("admit", [](ResidencyBudget& b, int device, std::uintptr_t address, std::size_t bytes,
+                       bool written) {
+        py::list out;
+        for (const EvictionStep& s : b.admit(device, address, bytes, written)) {
+          out.append(py::make_tuple(s.address, s.bytes,
+                                    s.how == Eviction::kDropCopy ? "drop_copy" : "migrate"));
+        }
+        return out;
+      })
+      .def("set_busy", &ResidencyBudget::set_busy)
+      .def("mark_written", &ResidencyBudget::mark_written)
+      .def("forget", &ResidencyBudget::forget)
+      .def("is_resident", &ResidencyBudget::is_resident)
+      .def("reset_peak", &ResidencyBudget::reset_peak)
+      .def("stats", [](const ResidencyBudget& b, int device) {
+        ResidencyStats s = b.stats(device);
+        py::dict d;
+        d["limit"] = s.limit;
+        d["resident_bytes.current"] = s.resident_bytes;
+        d["resident_bytes.peak"] = s.peak_resident_bytes;
+        d["prefetched_bytes"] = s.prefetched_bytes;
+        d["evictions.drop_copy"] = s.evictions[0];
+        d["evictions.migrate"] = s.evictions[1];
+        d["evicted_bytes.drop_copy"] = s.evicted_bytes[0];
+        d["evicted_bytes.migrate"] = s.evicted_bytes[1];
+        return d;
+      });
   m.def("uvm_to", &uvm_to, py::arg("tensor"), py::arg("device"), py::arg("non_blocking") = false);
   m.def("prefetch",
         [](const at::Tensor& t, std::optional<at::Device> device, const py::object& stream) {
@@ -95,6 +134,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return translate_errors([&] { return parse_bool(value, what); });
   });
   m.def("describe_options", &describe_options);
+  m.def("residency_limit_from_environment",
+        [] { return config_from_environment().residency_limit; });
   m.def("check_invariants", [] {
     if (auto* a = allocator_if_created()) translate_errors([&] { a->check_invariants(); });
   });

@@ -3,10 +3,12 @@
 #include "torch/cuda_allocator.h"
 
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
 #include "core/errors.h"
+#include "torch/prefetch_advise.h"
 #include "torch/state.h"
 
 namespace torch_uvm {
@@ -39,6 +41,12 @@ void* CudaAllocator::allocate_on(c10::DeviceIndex device, cudaStream_t stream, s
   try {
     void* p = core_.allocate(bytes, device, stream_ref(device, stream));
     MemoryHistory::stage(nullptr);
+    // prefetch_on_alloc, RMM's prefetch adaptor: the pages are on the GPU
+    // before the first kernel touches them (never inside a graph capture).
+    if (core_.policy().config().prefetch_on_alloc &&
+        c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) {
+      schedule_prefetch(p, bytes, device, stream_ref(device, stream), /*off_thread=*/false);
+    }
     return p;
   } catch (const OutOfMemoryError&) {
     MemoryHistory::stage(nullptr);

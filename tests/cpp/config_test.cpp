@@ -68,8 +68,18 @@ TEST(Config, BooleansAcceptTheUsualSpellings) {
 
 TEST(Config, EveryOptionIsDescribed) {
   auto lines = describe_options();
-  EXPECT_EQ(lines.size(), 11u);
+  EXPECT_EQ(lines.size(), 13u);
   EXPECT_NE(lines[0].find("max_split_size_mb (default unlimited)"), std::string::npos);
+}
+
+TEST(Config, ResidencyLimitAndPrefetchOnAlloc) {
+  AllocatorConfig c = parse_config("residency_limit_mb:512,prefetch_on_alloc:true");
+  EXPECT_EQ(c.residency_limit, 512u << 20);
+  EXPECT_TRUE(c.prefetch_on_alloc);
+  EXPECT_EQ(AllocatorConfig{}.residency_limit, 0u);
+  EXPECT_FALSE(AllocatorConfig{}.prefetch_on_alloc);
+  EXPECT_THROW(parse_config("residency_limit_mb:0"), InvalidArgument);
+  EXPECT_THROW(parse_config("prefetch_on_alloc:maybe"), InvalidArgument);
 }
 
 TEST(SizePolicy, RoundsTo512AndToPowerOfTwoDivisions) {

@@ -1,0 +1,335 @@
+"""Larger than the GPU (issue 10): a model and a dataset streamed through a
+residency budget, side by side with the anchors of OFFLOAD.md.
+
+    python benchmarks/larger_than_gpu.py [--rounds 3] [--out DIR] [--only model,stream]
+
+(a) model: 16 fp16 Linear(8192, 8192) (2 GiB), batch 16, under a 1 GiB budget:
+    all resident, torch_uvm.offload, a hand-written pinned double-buffered
+    stream with the same resident share, accelerate cpu_offload, and
+    accelerate dispatch_model with the same GPU share.
+(d) stream: a 4 GiB tensor consumed in 64 MiB batches by a GPU kernel under a
+    1 GiB budget: torch_uvm.prefetching, a pinned double-buffered copy loop,
+    and naive zero-copy moves (no budget).
+
+Each variant runs in a fresh process (UVM on or off as it needs), variants
+interleaved round by round; the table gives the median of the rounds and the
+min-max. Writes larger_than_gpu.json and .png to --out.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+MiB, GiB = 1 << 20, 1 << 30
+LAYERS, WIDTH, BATCH, BUDGET = 16, 8192, 16, 1 * GiB
+LAYER_BYTES = WIDTH * WIDTH * 2
+AHEAD = 1
+# torch_uvm keeps the prefix that fits the budget less (ahead + 1) layers.
+RESIDENT = (BUDGET - (AHEAD + 1) * LAYER_BYTES) // LAYER_BYTES
+STREAM_TOTAL, STREAM_BATCH, STREAM_BUDGET = 4 * GiB, 64 * MiB, 1 * GiB
+PLAN = {
+    "model": ["resident", "torch_uvm_offload", "pinned_stream", "accelerate_dispatch",
+              "accelerate_cpu_offload"],
+    "stream": ["torch_uvm_prefetching", "pinned_copy", "naive_moves"],
+}
+UVM_VARIANTS = {"torch_uvm_offload", "torch_uvm_prefetching", "naive_moves"}
+
+
+# --- the variants (each runs in its own process) ------------------------------
+
+def build_model():
+    import torch
+    g = torch.Generator().manual_seed(0)
+    bound = WIDTH ** -0.5
+    layers = []
+    for _ in range(LAYERS):
+        layer = torch.nn.Linear(WIDTH, WIDTH, bias=False, dtype=torch.float16, device="meta")
+        w = torch.empty(WIDTH, WIDTH, dtype=torch.float16).uniform_(-bound, bound, generator=g)
+        layer.weight = torch.nn.Parameter(w, requires_grad=False)
+        layers.append(layer)
+    return torch.nn.Sequential(*layers)
+
+
+def time_forwards(fn, warmup=2, iters=5):
+    import torch
+    for _ in range(warmup):
+        out = fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return times[len(times) // 2], out
+
+
+def pinned_stream_forward(model):
+    """Hand-written: the first RESIDENT layers on the GPU, the rest in pinned
+    memory, copied into two GPU buffers on a side stream one layer ahead."""
+    import torch
+    resident = [l.weight.cuda() for l in model[:RESIDENT]]
+    host = [l.weight.pin_memory() for l in model[RESIDENT:]]
+    bufs = [torch.empty_like(host[0], device="cuda") for _ in range(2)]
+    side = torch.cuda.Stream()
+    copied = [torch.cuda.Event() for _ in range(2)]
+    used = [torch.cuda.Event() for _ in range(2)]
+
+    def forward(x):
+        compute = torch.cuda.current_stream()
+        for w in resident:
+            x = torch.nn.functional.linear(x, w)
+
+        def issue(i):
+            b = i % 2
+            side.wait_event(used[b])
+            with torch.cuda.stream(side):
+                bufs[b].copy_(host[i], non_blocking=True)
+                copied[b].record(side)
+        issue(0)
+        for i in range(len(host)):
+            if i + 1 < len(host):
+                issue(i + 1)
+            compute.wait_event(copied[i % 2])
+            x = torch.nn.functional.linear(x, bufs[i % 2])
+            used[i % 2].record(compute)
+        return x
+    return forward, (RESIDENT * LAYER_BYTES + 2 * LAYER_BYTES), (LAYERS - RESIDENT) * LAYER_BYTES
+
+
+def run_model(variant):
+    import torch
+    if variant in UVM_VARIANTS:
+        import torch_uvm
+        torch_uvm.set_enabled_uvm(True)
+    model = build_model().eval()
+    x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(1)).half().cuda()
+    moved = peak = None
+    with torch.no_grad():
+        if variant == "resident":
+            model.cuda()
+            forward = model
+            moved, peak = 0, LAYERS * LAYER_BYTES
+        elif variant == "torch_uvm_offload":
+            torch_uvm.offload(model, budget=BUDGET, device="cuda", ahead=AHEAD)
+            forward = model
+        elif variant == "pinned_stream":
+            forward, peak, moved = pinned_stream_forward(model)
+        elif variant == "accelerate_cpu_offload":
+            from accelerate import cpu_offload
+            cpu_offload(model, execution_device=torch.device("cuda", 0))
+            forward, moved, peak = model, LAYERS * LAYER_BYTES, 1 * LAYER_BYTES
+        elif variant == "accelerate_dispatch":
+            from accelerate import dispatch_model
+            gpu_layers = BUDGET // LAYER_BYTES
+            dispatch_model(model, device_map={str(i): 0 if i < gpu_layers else "cpu"
+                                              for i in range(LAYERS)}, main_device=0)
+            forward = model
+            moved, peak = (LAYERS - gpu_layers) * LAYER_BYTES, (gpu_layers + 1) * LAYER_BYTES
+        if variant == "torch_uvm_offload":
+            forward(x)                                   # learns the order
+            torch.cuda.synchronize()
+            before = torch_uvm.residency_stats()
+            torch_uvm.residency_stats()
+        ms, out = time_forwards(lambda: forward(x))
+        if variant == "torch_uvm_offload":
+            after = torch_uvm.residency_stats()
+            moved = (after["prefetched_bytes"] - before["prefetched_bytes"]) / 7
+            peak = after["resident_bytes.peak"]
+            evictions = {k: after[k] - before[k] for k in after if k.startswith("evict")}
+        else:
+            evictions = {}
+    torch.save(out.float().cpu(), f"/tmp/ltg_out_{variant}.pt")
+    return {"ms": ms, "moved_bytes": moved, "peak_resident_bytes": peak, "evictions": evictions}
+
+
+def run_stream(variant):
+    import torch
+    if variant in UVM_VARIANTS:
+        import torch_uvm
+        torch_uvm.set_enabled_uvm(True)
+    n = STREAM_TOTAL // 2
+    per = STREAM_BATCH // 2
+    acc = torch.zeros((), dtype=torch.float32, device="cuda")
+    if variant == "pinned_copy":
+        host = torch.ones(n, dtype=torch.float16).pin_memory()
+        bufs = [torch.empty(per, dtype=torch.float16, device="cuda") for _ in range(2)]
+        side = torch.cuda.Stream()
+        copied = [torch.cuda.Event() for _ in range(2)]
+        used = [torch.cuda.Event() for _ in range(2)]
+
+        def one_pass():
+            compute = torch.cuda.current_stream()
+            chunks = host.split(per)
+
+            def issue(i):
+                side.wait_event(used[i % 2])
+                with torch.cuda.stream(side):
+                    bufs[i % 2].copy_(chunks[i], non_blocking=True)
+                    copied[i % 2].record(side)
+            issue(0)
+            for i in range(len(chunks)):
+                if i + 1 < len(chunks):
+                    issue(i + 1)
+                compute.wait_event(copied[i % 2])
+                acc.add_(torch.sum(bufs[i % 2], dtype=torch.float32))
+                used[i % 2].record(compute)
+        peak = 2 * STREAM_BATCH
+    else:
+        data = torch.ones(n, dtype=torch.float16)       # managed, on the CPU
+        if variant == "torch_uvm_prefetching":
+            torch_uvm.set_residency_limit(STREAM_BUDGET)
+
+            def one_pass():
+                for b in torch_uvm.prefetching(data.split(per), "cuda", ahead=2):
+                    acc.add_(torch.sum(b, dtype=torch.float32))
+        else:
+            def one_pass():
+                for b in data.split(per):
+                    acc.add_(torch.sum(b.to("cuda"), dtype=torch.float32))
+        peak = None
+    times = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        one_pass()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    ok = acc.item() == 3 * n
+    if variant == "torch_uvm_prefetching":
+        peak = torch_uvm.residency_stats()["resident_bytes.peak"]
+    elif variant == "naive_moves":
+        peak = STREAM_TOTAL   # nothing leaves: every page stays on the GPU
+    return {"gbps": STREAM_TOTAL / times[1] / 1e9, "seconds": times, "correct": ok,
+            "peak_resident_bytes": peak}
+
+
+# --- the driver --------------------------------------------------------------------
+
+def spawn(scenario, variant):
+    cmd = [sys.executable, os.path.abspath(__file__), "--variant", variant, "--scenario", scenario]
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    if p.returncode != 0 or not line:
+        print(f"    {scenario}/{variant} FAILED:\n{p.stdout[-1500:]}\n{p.stderr[-3000:]}", flush=True)
+        return None
+    r = json.loads(line[-1][7:])
+    print(f"    {scenario}/{variant}: {json.dumps(r)} ({time.time() - t0:.0f} s)", flush=True)
+    return r
+
+
+def spread(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    return {"median": values[len(values) // 2], "min": values[0], "max": values[-1]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variant")
+    ap.add_argument("--scenario")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", default="model,stream")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    args = ap.parse_args()
+    if args.variant:
+        fn = run_model if args.scenario == "model" else run_stream
+        print("RESULT " + json.dumps(fn(args.variant)), flush=True)
+        return
+    import torch
+    scenarios = [s for s in args.only.split(",") if s in PLAN]
+    runs = {s: {v: [] for v in PLAN[s]} for s in scenarios}
+    for rnd in range(args.rounds):
+        print(f"round {rnd + 1}/{args.rounds}", flush=True)
+        for s in scenarios:
+            for v in PLAN[s]:
+                runs[s][v].append(spawn(s, v))
+    result = {"machine": {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+                          "torch": torch.__version__, "cuda": torch.version.cuda,
+                          "driver": subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+                                                    "--format=csv,noheader"], capture_output=True,
+                                                   text=True).stdout.strip()},
+              "runs": runs}
+    if "model" in runs:
+        print(f"\n(a) 16 x fp16 Linear(8192, 8192) = 2 GiB, batch 16, budget 1 GiB "
+              f"(torch_uvm keeps {RESIDENT} layers resident; the pinned stream the same)")
+        print(f"| variant | ms / forward (median, min-max) | x torch_uvm | peak resident | "
+              f"moved / forward | output = all resident |")
+        print("|---|---|---|---|---|---|")
+        import torch as t
+        ref = t.load("/tmp/ltg_out_resident.pt") if os.path.exists("/tmp/ltg_out_resident.pt") else None
+        base = spread([r["ms"] for r in runs["model"]["torch_uvm_offload"] if r])
+        table = {}
+        for v, rs in runs["model"].items():
+            ok = [r for r in rs if r]
+            if not ok:
+                print(f"| {v} | failed | | | | |")
+                continue
+            ms = spread([r["ms"] for r in ok])
+            ratio = spread([r["ms"] / b["ms"] for r, b in zip(rs, runs["model"]["torch_uvm_offload"])
+                            if r and b])
+            same = None
+            if ref is not None and os.path.exists(f"/tmp/ltg_out_{v}.pt"):
+                same = bool(t.equal(t.load(f"/tmp/ltg_out_{v}.pt"), ref))
+            table[v] = {"ms": ms, "ratio_to_torch_uvm": ratio, "bit_identical": same,
+                        "peak_resident_bytes": ok[-1]["peak_resident_bytes"],
+                        "moved_bytes": ok[-1]["moved_bytes"]}
+            print(f"| {v} | {ms['median']:.1f} ({ms['min']:.1f}-{ms['max']:.1f}) | "
+                  f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f}) | "
+                  f"{ok[-1]['peak_resident_bytes'] / MiB:.0f} MiB | "
+                  f"{ok[-1]['moved_bytes'] / MiB:.0f} MiB | {same} |")
+        result["model_table"] = table
+        limit = (LAYERS * LAYER_BYTES - BUDGET) / 55e9 * 1e3
+        print(f"physical limit at 55 GB/s for {LAYERS * LAYER_BYTES - BUDGET >> 20} MiB: {limit:.1f} ms")
+    if "stream" in runs:
+        print(f"\n(d) 4 GiB consumed in 64 MiB batches by a GPU kernel, budget 1 GiB")
+        print("| variant | GB/s (median, min-max) | peak resident | sum correct |")
+        print("|---|---|---|---|")
+        table = {}
+        for v, rs in runs["stream"].items():
+            ok = [r for r in rs if r]
+            if not ok:
+                print(f"| {v} | failed | | |")
+                continue
+            g = spread([r["gbps"] for r in ok])
+            table[v] = {"gbps": g, "peak_resident_bytes": ok[-1]["peak_resident_bytes"],
+                        "correct": all(r["correct"] for r in ok)}
+            print(f"| {v} | {g['median']:.1f} ({g['min']:.1f}-{g['max']:.1f}) | "
+                  f"{ok[-1]['peak_resident_bytes'] / MiB:.0f} MiB | {table[v]['correct']} |")
+        result["stream_table"] = table
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "larger_than_gpu.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+        for ax, key, metric, label in [(axes[0], "model_table", "ms", "ms / forward (log)"),
+                                       (axes[1], "stream_table", "gbps", "GB/s")]:
+            table = result.get(key, {})
+            names = list(table)
+            med = [table[n][metric]["median"] for n in names]
+            err = [[m - table[n][metric]["min"] for n, m in zip(names, med)],
+                   [table[n][metric]["max"] - m for n, m in zip(names, med)]]
+            ax.bar(names, med, yerr=err, capsize=4)
+            ax.set_ylabel(label)
+            ax.tick_params(axis="x", rotation=25)
+            if metric == "ms":
+                ax.set_yscale("log")
+        axes[0].set_title("(a) 2 GiB model, 1 GiB budget")
+        axes[1].set_title("(d) 4 GiB in 64 MiB batches, 1 GiB budget")
+        fig.tight_layout()
+        fig.savefig(os.path.join(args.out, "larger_than_gpu.png"), dpi=110)
+    except ImportError:
+        print("matplotlib missing: no plot")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Larger than the GPU: the residency budget, offload, prefetching iterators,
+prefetch_on_alloc (issue 10). Sizes stay at a few hundred MiB: "larger than
+the GPU" means larger than the budget."""
+import pytest
+import torch
+
+from conftest import LAST_PREFETCH_LOCATION, gpu, range_attribute, run_python
+
+pytestmark = gpu
+MiB = 1 << 20
+
+
+@pytest.fixture
+def budget(uvm):
+    """A 64 MiB residency budget on cuda:0, removed afterwards."""
+    uvm.set_residency_limit(64 * MiB)
+    yield 64 * MiB
+    uvm.set_residency_limit(None)
+
+
+def make_model(layers=8, width=2048):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+
+
+def test_residency_limit_bad_input(uvm):
+    for bad, error in [(0, ValueError), (-5, ValueError), (1.5, ValueError), ("1G", TypeError),
+                       (uvm.get_memory_cap() + 1, ValueError)]:
+        with pytest.raises(error):
+            uvm.set_residency_limit(bad)
+    uvm.set_residency_limit(0.01)
+    assert uvm.get_residency_limit() == int(0.01 * uvm.get_memory_cap())
+    uvm.set_residency_limit(None)
+    assert uvm.get_residency_limit() is None
+
+
+def test_offloaded_model_matches_all_resident_within_its_budget(uvm, budget):
+    x = torch.randn(16, 2048, device="cuda")
+    reference = make_model().cuda()
+    with torch.no_grad():
+        want = reference(x)
+    model = make_model()                                  # 8 x 16 MiB = 128 MiB of weights
+    before = uvm.residency_stats()
+    handle = uvm.offload(model, device="cuda")            # the 64 MiB budget
+    assert all(p.is_cuda and uvm.is_managed(p) for p in model.parameters())
+    with torch.no_grad():
+        outs = [model(x) for _ in range(4)]
+    torch.cuda.synchronize()
+    for out in outs:
+        assert torch.equal(out, want)                     # bit-identical
+    s = uvm.residency_stats()
+    assert s["resident_bytes.peak"] <= budget
+    assert s["evictions.drop_copy"] > before["evictions.drop_copy"]   # streamed, not kept
+    assert s["evictions.migrate"] == before["evictions.migrate"]      # never copied back
+    streamed = [u for u in handle.units if not u.resident]
+    assert 0 < len(streamed) < len(handle.units)          # a resident prefix, the rest streams
+    assert "residency.cuda:0.resident_bytes.peak" in uvm.memory_stats()
+    handle.undo()
+    assert not any(uvm.is_managed(p) and p.is_cuda for p in model.parameters())
+    with torch.no_grad():
+        assert torch.equal(model.cuda()(x), want)         # the values survived the undo
+
+
+def test_offload_bad_input_changes_nothing(uvm, budget):
+    model = make_model(layers=4)
+    params = [p for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"submodule '0' \(16785408 bytes\)"):
+        uvm.offload(model, budget=16 * MiB)               # below 2 x the largest layer
+    assert [p for p in model.parameters()] == params and not any(uvm.is_managed(p) for p in params)
+    for bad in [0, -1, uvm.get_memory_cap() + 1]:
+        with pytest.raises(ValueError):
+            uvm.offload(model, budget=bad)
+    handle = uvm.offload(model)
+    with pytest.raises(RuntimeError, match="already offloaded"):
+        uvm.offload(model)
+    handle.undo()
+    uvm.offload(model).undo()                             # again after an undo
+    small = make_model(layers=2)
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="capture"):
+        with torch.cuda.graph(g):
+            uvm.offload(small)
+    assert getattr(small, "_torch_uvm_offloaded", None) is None
+
+
+def test_prefetching_streams_batches_within_the_budget(uvm, budget):
+    data = torch.arange(64 * MiB // 4 * 4, dtype=torch.float32)   # 256 MiB, managed, on the CPU
+    batches = list(data.split(4 * MiB))                   # 16 MiB each
+    before = uvm.residency_stats()
+    total = torch.zeros((), dtype=torch.float64, device="cuda")
+    seen = 0
+    for batch in uvm.prefetching(batches, "cuda", ahead=2):
+        assert batch.is_cuda and uvm.is_managed(batch)
+        # the current stream waits for the batch's prefetch: once it has
+        # drained, the prefetch was issued
+        torch.cuda.current_stream().synchronize()
+        assert range_attribute(batch, LAST_PREFETCH_LOCATION) == 0
+        total += batch.double().sum()
+        seen += 1
+    torch.cuda.synchronize()
+    assert seen == 16 and total.item() == float(data.double().sum())
+    s = uvm.residency_stats()
+    assert s["resident_bytes.peak"] <= budget
+    assert s["prefetched_bytes"] - before["prefetched_bytes"] == 256 * MiB
+    assert s["evictions.drop_copy"] - before["evictions.drop_copy"] >= 16 - 4
+
+
+def test_environment_keys_for_larger_than_gpu():
+    r = run_python("""
+        import torch, torch_uvm
+        torch_uvm.set_enabled_uvm(True)
+        print(torch_uvm.get_residency_limit() >> 20)
+        x = torch.empty(1 << 22, device='cuda')
+        torch.cuda.synchronize()
+        import sys; sys.path.insert(0, %r)
+        from conftest import range_attribute, LAST_PREFETCH_LOCATION
+        print(range_attribute(x, LAST_PREFETCH_LOCATION))
+    """ % __import__("os").path.dirname(__file__),
+        env={"PYTORCH_UVM_ALLOC_CONF": "residency_limit_mb:512,prefetch_on_alloc:true"})
+    assert r.stdout.split() == ["512", "0"], r.stdout + r.stderr
