@@ -262,6 +262,7 @@ class Offloaded:
         self.side = torch.cuda.Stream(device)
         self._handles = handles
         self._originals = originals
+        self._owns_limit = False
 
     # the order of the first forward decides what stays resident
     def _plan(self) -> None:
@@ -350,6 +351,9 @@ class Offloaded:
                     owner._parameters[name] = original
                 else:
                     owner._buffers[name] = original
+        if self._owns_limit:
+            with _LOCK:
+                _BUDGET.set_limit(self.device.index, None)
         del self.module._torch_uvm_offloaded
 
 
@@ -416,6 +420,11 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
                          f"'{largest[0]}' ({largest[3]} bytes): it needs at least {window} "
                          f"bytes (ahead + 1 = {ahead + 1} of the largest submodule). Raise "
                          f"the budget or lower ahead")
+    limit = _BUDGET.limit(device.index)
+    if limit is not None and budget > limit:
+        raise ValueError(f"torch_uvm: a budget of {budget} bytes is above {device}'s residency "
+                         f"limit ({limit} bytes): raise the limit (set_residency_limit) or "
+                         f"lower the budget")
     # Nothing above changed the module; from here on, all of it is applied.
     originals, units, handles = {}, [], []
     with torch.no_grad():
@@ -441,5 +450,9 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
             lambda _m, _a, _o, u=u: handle._post(u)))
     handles.append(module.register_forward_hook(
         lambda _m, _a, _o: handle.finish_first_forward()))
+    if limit is None:       # the budget becomes the device's residency limit
+        with _LOCK:
+            _BUDGET.set_limit(device.index, budget)
+        handle._owns_limit = True
     module._torch_uvm_offloaded = handle
     return handle

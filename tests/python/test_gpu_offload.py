@@ -66,7 +66,8 @@ def test_offload_bad_input_changes_nothing(uvm, budget):
     params = [p for p in model.parameters()]
     with pytest.raises(ValueError, match=r"submodule '0' \(16785408 bytes\)"):
         uvm.offload(model, budget=16 * MiB)               # below 2 x the largest layer
-    assert [p for p in model.parameters()] == params and not any(uvm.is_managed(p) for p in params)
+    assert all(a is b for a, b in zip(model.parameters(), params)) and \
+        not any(p.is_cuda for p in model.parameters())
     for bad in [0, -1, uvm.get_memory_cap() + 1]:
         with pytest.raises(ValueError):
             uvm.offload(model, budget=bad)
@@ -118,3 +119,25 @@ def test_environment_keys_for_larger_than_gpu():
     """ % __import__("os").path.dirname(__file__),
         env={"PYTORCH_UVM_ALLOC_CONF": "residency_limit_mb:512,prefetch_on_alloc:true"})
     assert r.stdout.split() == ["512", "0"], r.stdout + r.stderr
+
+
+def test_an_offload_budget_is_enforced_without_a_device_limit(uvm):
+    # The budget passed to offload becomes the device's residency limit when
+    # it has none (the first benchmark run kept all 2 GiB resident: it did not).
+    assert uvm.get_residency_limit() is None
+    x = torch.randn(16, 2048, device="cuda")
+    model = make_model()
+    before = uvm.residency_stats()
+    handle = uvm.offload(model, budget=64 * MiB)
+    assert uvm.get_residency_limit() == 64 * MiB
+    with torch.no_grad():
+        for _ in range(3):
+            model(x)
+    torch.cuda.synchronize()
+    after = uvm.residency_stats()
+    assert after["evictions.drop_copy"] > before["evictions.drop_copy"]
+    assert after["resident_bytes.current"] <= 64 * MiB
+    with pytest.raises(ValueError, match="residency limit"):
+        uvm.offload(make_model(layers=2), budget=128 * MiB)   # above the limit it set
+    handle.undo()
+    assert uvm.get_residency_limit() is None
