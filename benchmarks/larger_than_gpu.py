@@ -23,6 +23,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # torch_uvm
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                   # method
+import method  # noqa: E402
 MiB, GiB = 1 << 20, 1 << 30
 LAYERS, WIDTH, BATCH, BUDGET = 16, 8192, 16, 1 * GiB
 LAYER_BYTES = WIDTH * WIDTH * 2
@@ -232,10 +234,26 @@ def spawn(scenario, variant):
 
 
 def spread(values):
-    values = sorted(v for v in values if v is not None)
-    if not values:
-        return None
-    return {"median": values[len(values) // 2], "min": values[0], "max": values[-1]}
+    return method.summarize([v for v in values if v is not None])
+
+
+def comparisons(runs: dict) -> dict:
+    """The ratios issue 10 sets targets for, round by round."""
+    def metric(scenario, variant, key):
+        return [r[key] if r else None for r in runs.get(scenario, {}).get(variant, [])]
+    out = {}
+    if "model" in runs:
+        uvm = metric("model", "torch_uvm_offload", "ms")
+        out["(a) torch_uvm.offload / pinned stream, ms per forward"] = method.ratio(
+            uvm, metric("model", "pinned_stream", "ms"), target=1.15)
+        for v in ("accelerate_dispatch", "accelerate_cpu_offload"):
+            out[f"(a) {v} / torch_uvm.offload, ms per forward"] = method.ratio(
+                metric("model", v, "ms"), uvm, target=10, lower_is_better=False)
+    if "stream" in runs:
+        out["(d) torch_uvm.prefetching / pinned copy loop, GB/s"] = method.ratio(
+            metric("stream", "torch_uvm_prefetching", "gbps"),
+            metric("stream", "pinned_copy", "gbps"), lower_is_better=False)
+    return out
 
 
 def main():
@@ -252,18 +270,11 @@ def main():
         return
     import torch
     scenarios = [s for s in args.only.split(",") if s in PLAN]
-    runs = {s: {v: [] for v in PLAN[s]} for s in scenarios}
-    for rnd in range(args.rounds):
-        print(f"round {rnd + 1}/{args.rounds}", flush=True)
-        for s in scenarios:
-            for v in PLAN[s]:
-                runs[s][v].append(spawn(s, v))
-    result = {"machine": {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-                          "torch": torch.__version__, "cuda": torch.version.cuda,
-                          "driver": subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
-                                                    "--format=csv,noheader"], capture_output=True,
-                                                   text=True).stdout.strip()},
-              "runs": runs}
+    pairs = [(s, v) for s in scenarios for v in PLAN[s]]
+    flat = method.interleaved([f"{s}/{v}" for s, v in pairs], args.rounds,
+                              lambda name: spawn(*name.split("/")))
+    runs = {s: {v: flat[f"{s}/{v}"] for v in PLAN[s]} for s in scenarios}
+    result = {"runs": runs}
     if "model" in runs:
         print(f"\n(a) 16 x fp16 Linear(8192, 8192) = 2 GiB, batch 16, budget 1 GiB "
               f"(torch_uvm keeps {RESIDENT} layers resident; the pinned stream the same)")
@@ -316,9 +327,13 @@ def main():
                   f"{first['median']:.1f} ({first['min']:.1f}-{first['max']:.1f}) | "
                   f"{ok[-1]['peak_resident_bytes'] / MiB:.0f} MiB | {table[v]['correct']} |")
         result["stream_table"] = table
+    compared = comparisons(runs)
+    print("\n| ratio (each round's runs paired) | median (min–max) | target | |")
+    print("|---|---|---|---|")
+    for name, summary in compared.items():
+        print(method.describe(name, summary))
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "larger_than_gpu.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    method.write(os.path.join(args.out, "larger_than_gpu.json"), compared, **result)
     try:
         import matplotlib
         matplotlib.use("Agg")

@@ -1,0 +1,88 @@
+"""How every benchmark compares (issue 12): variants run interleaved, each
+run in a fresh process where the allocator must differ, and a comparison is
+the ratio of two variants measured in the same round, reported as the median
+with its min-max over the rounds.
+
+A result file (JSON) holds {"machine": {...}, "comparisons": {name: summary}}
+where a summary is {"ratios": [...], "median", "min", "max", "target",
+"straddles", "lower_is_better"}; benchmarks/compare.py prints the change of
+each ratio between two such files.
+"""
+import json
+import subprocess
+import time
+from typing import Callable, Dict, List, Optional
+
+
+def machine() -> dict:
+    """The GPU, driver, torch and CUDA a result was measured with."""
+    info = {"date": time.strftime("%Y-%m-%d %H:%M")}
+    try:
+        import torch
+        info.update(torch=torch.__version__, cuda=torch.version.cuda,
+                    gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+    except ImportError:
+        pass
+    try:
+        info["driver"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        info["driver"] = None
+    return info
+
+
+def interleaved(variants: List[str], rounds: int,
+                run: Callable[[str], Optional[dict]]) -> Dict[str, List[Optional[dict]]]:
+    """Runs A B C, A B C, ... `rounds` times; result[v][i] is round i's run of
+    v (None when it failed), so ratios pair runs of the same round."""
+    out: Dict[str, List[Optional[dict]]] = {v: [] for v in variants}
+    for r in range(rounds):
+        print(f"round {r + 1}/{rounds}", flush=True)
+        for v in variants:
+            out[v].append(run(v))
+    return out
+
+
+def summarize(values: List[float]) -> Optional[dict]:
+    values = sorted(values)
+    if not values:
+        return None
+    mid = len(values) // 2
+    median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    return {"median": median, "min": values[0], "max": values[-1], "n": len(values)}
+
+
+def ratio(numerators: List[Optional[float]], denominators: List[Optional[float]],
+          target: Optional[float] = None, lower_is_better: bool = True) -> Optional[dict]:
+    """Round-by-round ratios numerator/denominator, summarized. With a target,
+    `straddles` says the spread crosses it (the run cannot tell met from missed)
+    and `met` compares the median with it."""
+    ratios = [n / d for n, d in zip(numerators, denominators)
+              if n is not None and d is not None and d > 0]
+    s = summarize(ratios)
+    if s is None:
+        return None
+    s.update(ratios=ratios, target=target, lower_is_better=lower_is_better,
+             straddles=target is not None and s["min"] <= target <= s["max"] and
+             s["min"] != s["max"])
+    if target is not None:
+        s["met"] = s["median"] <= target if lower_is_better else s["median"] >= target
+    return s
+
+
+def describe(name: str, s: Optional[dict]) -> str:
+    """One table row: name, median (min-max), target and whether it is met."""
+    if s is None:
+        return f"| {name} | failed | | |"
+    target = "" if s.get("target") is None else \
+        f"{'≤' if s['lower_is_better'] else '≥'} {s['target']:g}"
+    verdict = "" if s.get("target") is None else \
+        ("spread straddles the target" if s["straddles"] else ("met" if s["met"] else "missed"))
+    return (f"| {name} | {s['median']:.3g} ({s['min']:.3g}–{s['max']:.3g}, n={s['n']}) | "
+            f"{target} | {verdict} |")
+
+
+def write(path: str, comparisons: Dict[str, Optional[dict]], **extra) -> None:
+    with open(path, "w") as f:
+        json.dump({"machine": machine(), "comparisons": comparisons, **extra}, f, indent=1)
