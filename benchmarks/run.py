@@ -2,18 +2,25 @@
 
     python benchmarks/run.py [--out benchmarks/results] [--only alloc,train,...]
 
-Each (allocator, workload) pair runs in its own process (workloads.py); this
-script gathers them, prints ratio tables against PyTorch's allocator, and
-writes results.json, results.md and plots (PNG) to --out. Needs a GPU.
+Each (allocator, workload) pair runs in its own process (workloads.py),
+interleaved: every round runs each workload's allocators one after another,
+--rounds times (benchmarks/method.py). The tables show the median of the
+rounds; the ratios pair the runs of one round and give their median and
+min-max, against issue 12's targets. Writes results.json (with the machine
+and the "comparisons" that benchmarks/compare.py reads), results.md and plots
+(PNG) to --out. Needs a GPU.
 """
 import argparse
 import json
 import os
 import subprocess
 import sys
+import statistics
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import method  # noqa: E402
 PLAN = {
     "alloc": ["torch", "torch_uvm", "raw_managed", "cupy", "rmm"],
     # The same pairs from C++ (benchmarks/cpp/alloc_bench.cpp; BENCH_CPP names
@@ -183,25 +190,86 @@ def plot(results, out_dir):
         fig.savefig(os.path.join(out_dir, "moves_to_gpu.png"))
 
 
+def median_result(results):
+    """Leaf-wise median of one variant's runs (nested dicts of numbers)."""
+    results = [r for r in results if r is not None]
+    if not results:
+        return None
+    if not isinstance(results[0], dict):
+        return statistics.median(results)
+    return {k: median_result([r.get(k) for r in results]) for k in results[0]}
+
+
+def leaf(runs, *path):
+    """The value at `path` in each round's run (None where missing)."""
+    out = []
+    for r in runs or []:
+        for key in path:
+            r = r.get(key) if isinstance(r, dict) else None
+        out.append(r)
+    return out
+
+
+def comparisons(runs):
+    """Issue 12's ratios, round by round, with their targets."""
+    out = {}
+    for workload, target in (("alloc", 1.05), ("alloc_cpp", 1.05)):
+        a = runs.get(workload, {})
+        base = next((r for r in a.get("torch", []) if r), None)
+        for key in base or {}:
+            label = "mixed trace" if not key.isdigit() else human(key)
+            for peer in PLAN[workload]:
+                if peer != "torch" and a.get(peer):
+                    out[f"{workload} {label}: {peer} / torch"] = method.ratio(
+                        leaf(a[peer], key), leaf(a["torch"], key),
+                        target=target if peer.startswith("torch_uvm") else None)
+    t = runs.get("train", {})
+    for model in next((r for r in t.get("torch", []) if r), {}) or {}:
+        for peer in PLAN["train"]:
+            if peer != "torch" and t.get(peer):
+                out[f"train {model}: {peer} / torch"] = method.ratio(
+                    leaf(t[peer], model), leaf(t["torch"], model),
+                    target=1.03 if peer == "torch_uvm" else None)
+    g = runs.get("moves_to_gpu", {})
+    for size in next((r for r in g.get("torch", []) if r), {}) or {}:
+        pinned = leaf(g["torch"], size, "pinned_copy", "ready_ms")
+        for allocator in PLAN["moves_to_gpu"][1:]:
+            for name in next((r[size] for r in g.get(allocator, []) if r), {}):
+                out[f"moves_to_gpu {human(size)}: {name} data ready / pinned copy"] = method.ratio(
+                    leaf(g[allocator], size, name, "ready_ms"), pinned, target=1.1)
+                out[f"moves_to_gpu {human(size)}: {name} call / pinned data ready"] = method.ratio(
+                    leaf(g[allocator], size, name, "call_ms"), pinned, target=0.05)
+    c = runs.get("moves_to_cpu", {})
+    for size in next((r for r in c.get("torch_uvm", []) if r), {}) or {}:
+        gbps = leaf(c["torch_uvm"], size, "torch_uvm", "GBps")
+        out[f"moves_to_cpu {human(size)}: torch_uvm GB/s, then a CPU read"] = method.ratio(
+            gbps, [1.0] * len(gbps), target=20, lower_is_better=False)
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--only", default=",".join(PLAN))
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    results = {}
-    for workload in args.only.split(","):
-        print(f"[{workload}]", flush=True)
-        results[workload] = {}
-        for allocator in PLAN[workload]:
-            results[workload][allocator] = run_one(allocator, workload)
-    import torch
-    header = (f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; "
-              f"CUDA {torch.version.cuda}; {time.strftime('%Y-%m-%d %H:%M')}\n"
-              f"Command: python benchmarks/run.py --only {args.only}\n")
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    text = header + "\n" + report(results)
+    workloads = args.only.split(",")
+    pairs = [(w, a) for w in workloads for a in PLAN[w]]
+    flat = method.interleaved([f"{w}/{a}" for w, a in pairs], args.rounds,
+                              lambda name: run_one(*reversed(name.split("/", 1))))
+    runs = {w: {a: flat[f"{w}/{a}"] for a in PLAN[w]} for w in workloads}
+    results = {w: {a: median_result(rs) for a, rs in per.items()} for w, per in runs.items()}
+    compared = comparisons(runs)
+    m = method.machine()
+    header = (f"GPU: {m.get('gpu')}; driver {m.get('driver')}; torch {m.get('torch')}; "
+              f"CUDA {m.get('cuda')}; {m['date']}\n"
+              f"Command: python benchmarks/run.py --only {args.only} --rounds {args.rounds}\n")
+    method.write(os.path.join(args.out, "results.json"), compared, runs=runs, medians=results)
+    rows = "\n".join(method.describe(name, summary) for name, summary in compared.items())
+    text = (header + "\n" + report(results) + "\n### Ratios, each round's runs paired "
+            f"({args.rounds} rounds)\n\n| ratio | median (min–max, n) | target | |\n"
+            "|---|---|---|---|\n" + rows + "\n")
     print(text)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(text)

@@ -59,3 +59,55 @@ def test_the_committed_larger_than_gpu_result_can_be_compared():
     path = os.path.join(ROOT, "benchmarks", "results", "2026-11-23-h100-larger_than_gpu.json")
     rows = compare.changes(compare.load(path), compare.load(path))
     assert rows and all(change == 0 for _, _, _, change, _ in rows)
+
+
+def fake_run_one(calls):
+    """run.run_one's stand-in: a result of each workload's shape, torch_uvm
+    1.1x PyTorch's time in every round but the last (1.0x)."""
+    def run_one(allocator, workload):
+        calls.append((workload, allocator))
+        slow = 1.0 if sum(1 for c in calls if c == (workload, allocator)) == 5 else 1.1
+        k = slow if allocator.startswith("torch_uvm") else 1.0
+        if workload == "alloc":
+            return {"512": 1.0 * k, "mixed": 2.0 * k}
+        if workload == "train":
+            return {"mlp": 10.0 * k, "transformer": 20.0 * k}
+        if workload == "moves_to_gpu":
+            if allocator == "torch":
+                return {str(1 << 20): {"pinned_copy": {"call_ms": 0.01, "ready_ms": 1.0,
+                                                       "ready_sleeping_ms": 1.0}}}
+            return {str(1 << 20): {allocator: {"call_ms": 0.01, "ready_ms": 1.2 * k,
+                                               "ready_sleeping_ms": 1.2}}}
+        if workload == "moves_to_cpu":
+            name = "torch_uvm" if allocator == "torch_uvm" else "pinned_copy"
+            return {str(64 << 20): {name: {"ms": 5.0, "GBps": 12.0}}}
+        return None
+    return run_one
+
+
+def test_run_interleaves_rounds_and_reports_paired_ratios(tmp_path, monkeypatch, capsys):
+    import run
+    calls = []
+    monkeypatch.setattr(run, "run_one", fake_run_one(calls))
+    monkeypatch.setattr(run, "plot", lambda results, out: None)
+    monkeypatch.setattr(run, "PLAN", {**run.PLAN, "train": ["torch", "torch_uvm"],
+                                      "alloc": ["torch", "torch_uvm"],
+                                      "moves_to_gpu": ["torch", "torch_uvm"]})
+    monkeypatch.setattr(sys, "argv", ["run.py", "--only", "alloc,train,moves_to_gpu,moves_to_cpu",
+                                      "--rounds", "5", "--out", str(tmp_path)])
+    run.main()
+    # A B, A B, ...: every round runs every variant once, in order.
+    per_round = len(calls) // 5
+    assert calls[:per_round] == calls[per_round:2 * per_round] and len(calls) == 5 * per_round
+    result = json.load(open(tmp_path / "results.json"))
+    c = result["comparisons"]
+    mlp = c["train mlp: torch_uvm / torch"]
+    assert mlp["ratios"] == pytest.approx([1.1] * 4 + [1.0]) and mlp["target"] == 1.03
+    assert mlp["median"] == pytest.approx(1.1) and mlp["straddles"] and not mlp["met"]
+    assert c["alloc 512 B: torch_uvm / torch"]["target"] == 1.05
+    ready = c["moves_to_gpu 1 MiB: torch_uvm data ready / pinned copy"]
+    assert ready["median"] == pytest.approx(1.32) and ready["target"] == 1.1
+    cpu = c["moves_to_cpu 64 MiB: torch_uvm GB/s, then a CPU read"]
+    assert cpu["median"] == 12.0 and cpu["met"] is False
+    assert set(result["machine"]) >= {"gpu", "driver", "torch", "cuda", "date"}
+    assert "spread straddles the target" in open(tmp_path / "results.md").read()
