@@ -140,7 +140,6 @@ def run_model(variant):
             forward(x)                                   # learns the order
             torch.cuda.synchronize()
             before = torch_uvm.residency_stats()
-            torch_uvm.residency_stats()
         ms, out = time_forwards(lambda: forward(x))
         if variant == "torch_uvm_offload":
             after = torch_uvm.residency_stats()
@@ -281,9 +280,9 @@ def main():
         print(f"| variant | ms / forward (median, min-max) | x torch_uvm | peak resident | "
               f"moved / forward | output = all resident |")
         print("|---|---|---|---|---|---|")
-        import torch as t
-        ref = t.load("/tmp/ltg_out_resident.pt") if os.path.exists("/tmp/ltg_out_resident.pt") else None
-        base = spread([r["ms"] for r in runs["model"]["torch_uvm_offload"] if r])
+        ref = torch.load("/tmp/ltg_out_resident.pt") if os.path.exists("/tmp/ltg_out_resident.pt") \
+            else None
+        uvm_ms = [r["ms"] if r else None for r in runs["model"]["torch_uvm_offload"]]
         table = {}
         for v, rs in runs["model"].items():
             ok = [r for r in rs if r]
@@ -291,12 +290,11 @@ def main():
                 print(f"| {v} | failed | | | | |")
                 continue
             ms = spread([r["ms"] for r in ok])
-            ratio = spread([r["ms"] / b["ms"] for r, b in zip(rs, runs["model"]["torch_uvm_offload"])
-                            if r and b]) or {"median": float("nan"), "min": float("nan"),
-                                             "max": float("nan")}
+            ratio = method.ratio([r["ms"] if r else None for r in rs], uvm_ms) or \
+                {"median": float("nan"), "min": float("nan"), "max": float("nan")}
             same = None
             if ref is not None and os.path.exists(f"/tmp/ltg_out_{v}.pt"):
-                same = bool(t.equal(t.load(f"/tmp/ltg_out_{v}.pt"), ref))
+                same = bool(torch.equal(torch.load(f"/tmp/ltg_out_{v}.pt"), ref))
             table[v] = {"ms": ms, "ratio_to_torch_uvm": ratio, "bit_identical": same,
                         "peak_resident_bytes": ok[-1]["peak_resident_bytes"],
                         "moved_bytes": ok[-1]["moved_bytes"]}
