@@ -167,6 +167,8 @@ def empty_cache() -> None:
     """Return cached, unused managed memory to the driver (keeps the release
     threshold's worth)."""
     _C.empty_cache()
+    from .offload import forget_advice
+    forget_advice()
 
 
 def reset_peak_memory_stats() -> None:

@@ -5,6 +5,10 @@ The policy (what stays, what leaves and how) is core/residency.h's
 ResidencyBudget; this file carries it out with prefetches and advice on a
 side stream:
 
+* a module's streamed weights are either read in place (kernels read host
+  memory over PCIe: no GPU memory, nothing to evict; as fast as a pinned
+  copy when a kernel reads its weights once, as a small batch does) or
+  prefetched (see `offload`'s mode; measured in benchmarks/mechanisms.py);
 * a range brought to a GPU is prefetched there on the side stream, and the
   compute stream waits for it before the kernels that read it;
 * a range that was not written since it arrived (weights in inference,
@@ -27,20 +31,38 @@ from . import _C
 _BUDGET = _C.ResidencyBudget()
 _LOCK = threading.RLock()
 _RANGES: Dict[int, "_Range"] = {}       # address -> what is streamed there
+# Ranges advised read-mostly with their home on the CPU (address -> bytes), so
+# a batch streamed again is not advised again: advice on populated pages costs
+# about 0.1 ms per MiB, five times its prefetch. Cleared by empty_cache, which
+# may hand the memory back to the driver.
+_ADVISED: Dict[int, int] = {}
 _ENVIRONMENT_APPLIED: set = set()
 
 
 class _Range:
     """The bytes of one managed tensor that torch_uvm streams (a slice of a
-    larger tensor streams on its own)."""
-    __slots__ = ("tensor", "address", "nbytes", "last_use", "device")
+    larger tensor streams on its own). `owned`: a range of an offloaded
+    module, which keeps it; other ranges (batches) are let go once they left
+    the GPU, so streaming holds no batch past its eviction."""
+    __slots__ = ("tensor", "address", "nbytes", "last_use", "device", "owned")
 
-    def __init__(self, tensor: torch.Tensor):
+    def __init__(self, tensor: torch.Tensor, owned: bool = False):
         self.tensor = tensor.detach()
         self.address = tensor.data_ptr()
         self.nbytes = _span_bytes(tensor)
         self.last_use: Optional[torch.cuda.Event] = None
         self.device: Optional[torch.device] = None
+        self.owned = owned
+
+
+def _range_for(tensor: torch.Tensor) -> _Range:
+    """The one _Range of `tensor`'s bytes: the registered one while they are
+    streamed (so its last use is the one eviction waits for), else a new one."""
+    with _LOCK:
+        known = _RANGES.get(tensor.data_ptr())
+        if known is not None and known.nbytes == _span_bytes(tensor):
+            return known
+    return _Range(tensor)
 
 
 def _span_bytes(t: torch.Tensor) -> int:
@@ -122,6 +144,9 @@ def _evict(steps, side: torch.cuda.Stream) -> None:
         else:
             _C.prefetch(r.tensor, torch.device("cpu"), side)
         r.device = None
+        if not r.owned:
+            _BUDGET.forget(address)
+            del _RANGES[address]
 
 
 def _bring(ranges: List[_Range], device: torch.device, stream: torch.cuda.Stream,
@@ -152,10 +177,35 @@ def _release(ranges: List[_Range]) -> None:
             _RANGES.pop(r.address, None)
 
 
-def _advise_streamed(ranges: List[_Range]) -> None:
+def forget_advice() -> None:
+    """The memory may go back to the driver (empty_cache): advise anew."""
+    with _LOCK:
+        _ADVISED.clear()
+
+
+def _advise_batches(ranges: List[_Range], device: torch.device) -> None:
+    """Read-mostly, home on the CPU, for ranges not advised so already."""
+    todo = [r for r in ranges if _ADVISED.get(r.address) != r.nbytes]
+    _advise_streamed(todo, device)
+    for r in todo:
+        _ADVISED[r.address] = r.nbytes
+
+
+def _advise_streamed(ranges: List[_Range], device: torch.device, in_place: bool = False) -> None:
+    """Advice for ranges that stream: home on the CPU, and either read-mostly
+    (a prefetch makes a GPU duplicate, dropped on eviction) or, `in_place`,
+    mapped for `device` (kernels there read the CPU pages in place). Advice on
+    populated pages costs about 0.1 ms per MiB, so it is set once per range,
+    never per move."""
     for r in ranges:
         _C.advise(r.tensor, "preferred_location", torch.device("cpu"))
-        _C.advise(r.tensor, "read_mostly", None)
+        # a reused block keeps the advice of the tensor that had it before
+        if not in_place:
+            _C.advise(r.tensor, "unset_accessed_by", device)
+            _C.advise(r.tensor, "read_mostly", None)
+        else:
+            _C.advise(r.tensor, "unset_read_mostly", None)
+            _C.advise(r.tensor, "accessed_by", device)
 
 
 def _managed_tensors(obj) -> List[torch.Tensor]:
@@ -194,7 +244,6 @@ def prefetching(iterable: Iterable, device=None, ahead: int = 1) -> Iterator:
     device = _cuda(device)
     side = torch.cuda.Stream(device)
     pending: List[tuple] = []          # (item, ranges, ready event)
-    in_use: List[_Range] = []
     iterator = iter(iterable)
 
     def stage() -> bool:
@@ -202,8 +251,8 @@ def prefetching(iterable: Iterable, device=None, ahead: int = 1) -> Iterator:
             item = next(iterator)
         except StopIteration:
             return False
-        ranges = [_Range(t) for t in _managed_tensors(item)]
-        _advise_streamed(ranges)
+        ranges = [_range_for(t) for t in _managed_tensors(item)]
+        _advise_batches(ranges, device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             _bring(ranges, device, side)
@@ -212,20 +261,23 @@ def prefetching(iterable: Iterable, device=None, ahead: int = 1) -> Iterator:
         pending.append((item, ranges, ready))
         return True
 
+    current: List[_Range] = []
     try:
         for _ in range(ahead + 1):
             if not stage():
                 break
         while pending:
-            item, ranges, ready = pending.pop(0)
+            item, current, ready = pending.pop(0)
             torch.cuda.current_stream(device).wait_event(ready)
             yield _to_device(item, device)
             done = torch.cuda.current_stream(device).record_event()
-            for r in ranges:
+            for r in current:
                 r.last_use = done
-            _set_busy(ranges, False)
+            _set_busy(current, False)
+            current = []
             stage()
-    finally:
+    finally:                          # also when the loop stopped early
+        _set_busy(current, False)
         for _, ranges, _ in pending:
             _set_busy(ranges, False)
 
@@ -234,7 +286,8 @@ def bring(tensors, device=None, stream: Optional[torch.cuda.Stream] = None) -> N
     """Prefetch managed `tensors` to `device` within its residency budget,
     ordered on `stream` (default: the current stream)."""
     device = _cuda(device)
-    ranges = [_Range(t) for t in _managed_tensors(tensors)]
+    ranges = [_range_for(t) for t in _managed_tensors(tensors)]
+    _advise_batches(ranges, device)   # so that leaving drops a copy, never migrates
     _bring(ranges, device, stream or torch.cuda.current_stream(device))
 
 
@@ -251,11 +304,36 @@ class _Unit:
         self.resident = False
 
 
+MODES = ("auto", "in_place", "prefetch")
+# Inputs of at most this many rows (tokens) read streamed weights in place:
+# a GEMM of 16 or 128 rows reads a weight in host memory as fast as a pinned
+# copy of it, one of 1024 rows 4x slower (benchmarks/results/*-mechanisms.md).
+IN_PLACE_MAX_ROWS = 128
+
+
+def _rows(obj) -> int:
+    """The most rows (tokens) among the tensors in a module's inputs: an
+    integer tensor's elements (ids, each becomes a row), a float tensor's
+    elements over its last dimension."""
+    if isinstance(obj, torch.Tensor):
+        if obj.dim() == 0:
+            return 1
+        if obj.is_floating_point() or obj.is_complex():
+            return obj.numel() // max(obj.shape[-1], 1)
+        return obj.numel()
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return max((_rows(o) for o in obj), default=0)
+    return 0
+
+
 class Offloaded:
     """What :func:`offload` did to a module; :meth:`undo` reverses it."""
 
-    def __init__(self, module, device, budget, ahead, units, handles, originals):
+    def __init__(self, module, device, budget, ahead, mode, units, handles, originals):
         self.module, self.device, self.budget, self.ahead = module, device, budget, ahead
+        self.mode = mode              # "auto" until the first forward decides
         self.units: List[_Unit] = units
         self.order: List[_Unit] = []
         self.learned = False
@@ -263,6 +341,24 @@ class Offloaded:
         self._handles = handles
         self._originals = originals
         self._owns_limit = False
+        self._advised = False
+
+    def _ranges(self) -> List[_Range]:
+        unique = {}
+        for u in self.units:
+            for r in u.ranges:
+                unique.setdefault(r.address, r)
+        return list(unique.values())
+
+    def _begin(self, args, kwargs) -> None:
+        """Before the module's first forward: choose how its weights stream."""
+        if self._advised:
+            return
+        self._advised = True
+        if self.mode == "auto":
+            small = _rows((args, kwargs)) <= IN_PLACE_MAX_ROWS
+            self.mode = "in_place" if small and not torch.is_grad_enabled() else "prefetch"
+        _advise_streamed(self._ranges(), self.device, in_place=self.mode == "in_place")
 
     # the order of the first forward decides what stays resident
     def _plan(self) -> None:
@@ -271,7 +367,9 @@ class Offloaded:
         order = [u for u in self.order if not (id(u) in seen or seen.add(id(u)))]
         order += [u for u in self.units if id(u) not in seen]
         self.order = order
-        window = (self.ahead + 1) * max((u.nbytes for u in order), default=0)
+        # read in place, streamed weights take no GPU memory: no window
+        window = 0 if self.mode == "in_place" else \
+            (self.ahead + 1) * max((u.nbytes for u in order), default=0)
         room = self.budget - window
         for u in order:               # a resident prefix: it never leaves
             if u.nbytes <= room:
@@ -296,8 +394,11 @@ class Offloaded:
         compute = torch.cuda.current_stream(self.device)
         if not self.learned:
             self.order.append(unit)
-            _bring(unit.ranges, self.device, compute)
-            _set_busy(unit.ranges, True)
+            if self.mode == "prefetch":
+                _bring(unit.ranges, self.device, compute)
+                _set_busy(unit.ranges, True)
+            return
+        if self.mode == "in_place":   # resident, or read where it is
             return
         if unit.ready is not None:
             compute.wait_event(unit.ready)
@@ -307,7 +408,8 @@ class Offloaded:
         _set_busy(unit.ranges, True)
         for u in self._upcoming(unit):   # the next `ahead` streamed units
             if u.ready is None:
-                self.side.wait_stream(compute)   # after the kernels queued so far
+                # No wait for the compute stream: what leaves for room was
+                # waited for on the host (_evict), and u is not in use.
                 with torch.cuda.stream(self.side):
                     _bring(u.ranges, self.device, self.side)
                     u.ready = self.side.record_event()
@@ -321,6 +423,8 @@ class Offloaded:
         return [u for u in cyclic if not u.resident and u is not unit][:self.ahead]
 
     def _post(self, unit: _Unit) -> None:
+        if self.mode == "in_place" and not unit.resident:
+            return                    # read in place: nothing was brought
         done = torch.cuda.current_stream(self.device).record_event()
         for r in unit.ranges:
             r.last_use = done
@@ -339,9 +443,11 @@ class Offloaded:
         torch.cuda.synchronize(self.device)
         for h in self._handles:
             h.remove()
+        for r in self._ranges():
+            for advice in ("unset_read_mostly", "unset_accessed_by"):
+                _C.advise(r.tensor, advice, self.device)
+            _C.advise(r.tensor, "unset_preferred_location", None)
         for u in self.units:
-            for r in u.ranges:
-                _C.advise(r.tensor, "unset_read_mostly", None)
             _release(u.ranges)
         with torch.no_grad():
             for (owner, name, kind), original in self._originals.items():
@@ -367,7 +473,7 @@ def _direct_tensors(module: torch.nn.Module):
 
 
 def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
-            ahead: int = 1) -> Offloaded:
+            ahead: int = 1, mode: str = "auto") -> Offloaded:
     """Run `module` on `device` with at most `budget` bytes of its weights
     resident there (default: the device's residency limit).
 
@@ -378,6 +484,14 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     largest submodules) stays resident, and the rest streams: while submodule
     i runs, the next `ahead` are prefetched on a side stream, and the least
     recently used leave. For inference (``torch.no_grad()``, ``generate``).
+
+    `mode` says how the streamed weights reach the kernels:
+    ``"in_place"``: kernels read them in host memory over PCIe, with no GPU
+    memory and no window (the whole budget stays resident); as fast as a
+    pinned copy for small batches. ``"prefetch"``: read-mostly GPU copies
+    made `ahead` submodules early and dropped after use. ``"auto"``
+    (default): in place when the first forward runs without grad on inputs
+    of at most IN_PLACE_MAX_ROWS rows (tokens), else prefetch.
     Returns a handle whose ``undo()`` puts the module back."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"offload expects a torch.nn.Module, got {type(module).__name__}")
@@ -386,6 +500,8 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
                            "handle offload returned before offloading it again")
     if not isinstance(ahead, int) or ahead < 1:
         raise ValueError(f"ahead must be a positive int, got {ahead!r}")
+    if mode not in MODES:
+        raise ValueError(f"torch_uvm: offload mode must be one of {MODES}, got {mode!r}")
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("torch_uvm: cannot offload a module during a CUDA graph capture")
     device = _cuda(device)
@@ -415,11 +531,11 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
         raise ValueError("torch_uvm: the module has no parameters or buffers to offload")
     largest = max(plan, key=lambda p: p[3])
     window = (ahead + 1) * largest[3]
-    if budget < window:
+    if budget < window and mode != "in_place":
         raise ValueError(f"torch_uvm: a budget of {budget} bytes cannot stream submodule "
                          f"'{largest[0]}' ({largest[3]} bytes): it needs at least {window} "
                          f"bytes (ahead + 1 = {ahead + 1} of the largest submodule). Raise "
-                         f"the budget or lower ahead")
+                         f"the budget, lower ahead, or read it in place (mode='in_place')")
     limit = _BUDGET.limit(device.index)
     if limit is not None and budget > limit:
         raise ValueError(f"torch_uvm: a budget of {budget} bytes is above {device}'s residency "
@@ -427,22 +543,28 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
                          f"lower the budget")
     # Nothing above changed the module; from here on, all of it is applied.
     originals, units, handles = {}, [], []
+    shared: Dict[int, tuple] = {}     # id(tensor) -> (its replacement, _Range): tied weights
     with torch.no_grad():
         for name, m, own, _ in plan:
             ranges = []
             for tname, t, kind in own:
-                managed = t.detach() if _C.is_managed(t) else \
-                    _C.manage_memory(t.detach().to("cpu"))
-                seen = _C.alias_on_device(managed, device) if managed.device != device else managed
+                if id(t) not in shared:
+                    managed = t.detach() if _C.is_managed(t) else \
+                        _C.manage_memory(t.detach().to("cpu"))
+                    seen = _C.alias_on_device(managed, device) \
+                        if managed.device != device else managed
+                    if kind == "param":
+                        seen = torch.nn.Parameter(seen, requires_grad=t.requires_grad)
+                    shared[id(t)] = (seen, _Range(managed, owned=True))
+                seen, r = shared[id(t)]
                 originals[(m, tname, kind)] = t
-                if kind == "param":
-                    m._parameters[tname] = torch.nn.Parameter(seen, requires_grad=t.requires_grad)
-                else:
-                    m._buffers[tname] = seen
-                ranges.append(_Range(managed))
-            _advise_streamed(ranges)
+                (m._parameters if kind == "param" else m._buffers)[tname] = seen
+                if all(x is not r for x in ranges):
+                    ranges.append(r)
             units.append(_Unit(name, m, ranges))
-    handle = Offloaded(module, device, budget, ahead, units, handles, originals)
+    handle = Offloaded(module, device, budget, ahead, mode, units, handles, originals)
+    handles.append(module.register_forward_pre_hook(
+        lambda _m, args, kwargs: handle._begin(args, kwargs), with_kwargs=True))
     for u in units:
         handles.append(u.module.register_forward_pre_hook(
             lambda _m, _a, u=u: handle._pre(u)))

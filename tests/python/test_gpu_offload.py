@@ -4,7 +4,10 @@ the GPU" means larger than the budget."""
 import pytest
 import torch
 
-from conftest import LAST_PREFETCH_LOCATION, gpu, range_attribute, run_python
+import weakref
+
+from conftest import (LAST_PREFETCH_LOCATION, PREFERRED_LOCATION, READ_MOSTLY, gpu,
+                      range_attribute, run_python)
 
 pytestmark = gpu
 MiB = 1 << 20
@@ -41,7 +44,7 @@ def test_offloaded_model_matches_all_resident_within_its_budget(uvm, budget):
         want = reference(x)
     model = make_model()                                  # 8 x 16 MiB = 128 MiB of weights
     before = uvm.residency_stats()
-    handle = uvm.offload(model, device="cuda")            # the 64 MiB budget
+    handle = uvm.offload(model, device="cuda", mode="prefetch")   # the 64 MiB budget
     assert all(p.is_cuda and uvm.is_managed(p) for p in model.parameters())
     with torch.no_grad():
         outs = [model(x) for _ in range(4)]
@@ -128,7 +131,7 @@ def test_an_offload_budget_is_enforced_without_a_device_limit(uvm):
     x = torch.randn(16, 2048, device="cuda")
     model = make_model()
     before = uvm.residency_stats()
-    handle = uvm.offload(model, budget=64 * MiB)
+    handle = uvm.offload(model, budget=64 * MiB, mode="prefetch")
     assert uvm.get_residency_limit() == 64 * MiB
     with torch.no_grad():
         for _ in range(3):
@@ -141,3 +144,105 @@ def test_an_offload_budget_is_enforced_without_a_device_limit(uvm):
         uvm.offload(make_model(layers=2), budget=128 * MiB)   # above the limit it set
     handle.undo()
     assert uvm.get_residency_limit() is None
+
+
+def test_offload_in_place_reads_streamed_weights_where_they_are(uvm, budget):
+    x = torch.randn(16, 2048, device="cuda")
+    reference = make_model().cuda()
+    with torch.no_grad():
+        want = reference(x)
+    model = make_model()
+    for p in model.parameters():      # a reused block remembers its last prefetch
+        uvm.prefetch(p, "cpu")
+    torch.cuda.synchronize()
+    before = uvm.residency_stats()
+    handle = uvm.offload(model, device="cuda")            # auto: 16 rows, no grad
+    try:
+        check_in_place(uvm, handle, model, x, want, before, budget)
+    finally:
+        handle.undo()
+    assert range_attribute(model[-1].weight, PREFERRED_LOCATION) != -1
+
+
+def check_in_place(uvm, handle, model, x, want, before, budget):
+    with torch.no_grad():
+        first = model(x)
+        torch.cuda.synchronize()
+        learned = uvm.residency_stats()
+        outs = [model(x) for _ in range(3)]
+    torch.cuda.synchronize()
+    assert handle.mode == "in_place"
+    for out in [first] + outs:
+        assert torch.equal(out, want)
+    after = uvm.residency_stats()
+    # no window: as many layers as the budget holds stay, and nothing moves
+    # after the first forward, nothing leaves
+    resident = [u for u in handle.units if u.resident]
+    assert len(resident) == budget // (16 * MiB + 8 * 1024)
+    assert after["prefetched_bytes"] == learned["prefetched_bytes"]
+    assert after["resident_bytes.current"] <= budget
+    for key in ("evictions.drop_copy", "evictions.migrate"):
+        assert after[key] == before[key]
+    for u in handle.units:                                # read straight from the runtime
+        w = u.module.weight
+        assert range_attribute(w, READ_MOSTLY) == 0
+        if u.resident:
+            assert range_attribute(w, LAST_PREFETCH_LOCATION) == 0
+        else:
+            assert range_attribute(w, PREFERRED_LOCATION) == -1     # home: the CPU
+            assert range_attribute(w, LAST_PREFETCH_LOCATION) == -1  # never brought
+
+
+def test_offload_mode_auto_prefetches_for_large_inputs_and_training(uvm, budget):
+    with torch.no_grad():
+        h = uvm.offload(make_model(layers=4))
+        h.module(torch.randn(1024, 2048, device="cuda"))  # 1024 rows: prefetch
+        assert h.mode == "prefetch"
+        h.undo()
+        ids = uvm.offload(torch.nn.Embedding(1000, 64))
+        ids.module(torch.zeros(4, 64, dtype=torch.long, device="cuda"))   # 256 tokens
+        assert ids.mode == "prefetch"
+        ids.undo()
+    h = uvm.offload(make_model(layers=4))
+    h.module(torch.randn(16, 2048, device="cuda"))        # grad enabled
+    assert h.mode == "prefetch"
+    h.undo()
+    with pytest.raises(ValueError, match="mode"):
+        uvm.offload(make_model(layers=2), mode="zero_copy")
+
+
+def test_offload_keeps_tied_weights_tied(uvm, budget):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(4096, 1024), torch.nn.Linear(1024, 4096))
+    model[1].weight = model[0].weight                     # tied, as GPT-2's wte and lm_head
+    ids = torch.randint(0, 4096, (2, 8), device="cuda")
+    want = model.cuda()(ids).detach()
+    model.cpu()
+    handle = uvm.offload(model)
+    assert model[1].weight is model[0].weight
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(model(ids), want)
+    handle.undo()
+    assert model[1].weight is model[0].weight
+
+
+def test_prefetching_lets_go_of_batches_and_of_a_loop_left_early(uvm, budget):
+    refs = []
+
+    def batches():
+        for _ in range(16):
+            t = torch.ones(4 * MiB)                       # 16 MiB, managed, on the CPU
+            refs.append(weakref.ref(t))
+            yield t
+    for _ in uvm.prefetching(batches(), "cuda", ahead=1):
+        pass
+    torch.cuda.synchronize()
+    # what the budget still holds (64 MiB = 4 batches) may stay referenced,
+    # every batch that left is let go
+    assert sum(r() is not None for r in refs) <= 4
+    for i, _ in enumerate(uvm.prefetching(batches(), "cuda", ahead=2)):
+        if i == 1:
+            break                                         # two batches staged, one in use
+    torch.cuda.synchronize()
+    uvm.bring(torch.ones(16 * MiB - 1024), "cuda")        # the whole budget: nothing busy

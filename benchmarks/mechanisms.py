@@ -1,0 +1,262 @@
+"""How fast each way of moving a managed range is (issues 10 and 12): the
+measurements behind the choice of mechanism per case.
+
+    python benchmarks/mechanisms.py [--rounds 5] [--out DIR]
+
+One process, UVM off (managed tensors from torch_uvm.manage_memory), every
+variant once per round, rounds interleaved. Wall time from the first call to
+the end of a synchronize, so advice and host time count.
+
+to_gpu (pages on the CPU, 128 MiB and 1 GiB): a pinned copy; a migrating
+  prefetch; a prefetch making read-mostly duplicates (with and without the
+  preferred location on the CPU, as offload advised it); a copy-engine copy
+  from the managed pages into device memory; a kernel reading the pages in
+  place (preferred location CPU + accessed-by: zero-copy).
+gemm: fp16 Linear(8192, 8192) whose weight is read in place over PCIe, batch
+  16 / 128 / 1024, against the weight resident and against a pinned copy of it.
+evict (128 MiB on the GPU): dropping a read-mostly duplicate, migrating back.
+to_cpu (written on the GPU, then read by the CPU): a migrating prefetch; a
+  copy into pinned memory; a copy into CPU-resident managed memory; CPU page
+  faults.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import method  # noqa: E402
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--only", default=None, help="groups whose name starts with one of these")
+    args = ap.parse_args()
+    import torch
+    import torch_uvm
+    from torch_uvm import _C
+    dev = torch.device("cuda", 0)
+    cpu = torch.device("cpu")
+    side = torch.cuda.Stream(dev)
+    sync = torch.cuda.synchronize
+
+    def managed_on_cpu(nbytes, dtype=torch.float16):
+        t = torch.empty(nbytes // torch.tensor([], dtype=dtype).element_size(), dtype=dtype)
+        t.fill_(1)
+        m = torch_uvm.manage_memory(t)   # copied on the CPU: pages there
+        for a in ("unset_read_mostly", "unset_preferred_location", "unset_accessed_by"):
+            _C.advise(m, a, dev)          # a reused block keeps its last advice
+        sync()
+        return m
+
+    def timed(fn, prepare=None):
+        state = prepare() if prepare else None
+        sync()
+        t0 = time.perf_counter()
+        fn(state) if prepare else fn()
+        sync()
+        return time.perf_counter() - t0
+
+    # --- to the GPU -----------------------------------------------------------
+    def to_gpu_variants(nbytes):
+        dst = torch.empty(nbytes // 2, dtype=torch.float16, device=dev)
+        pinned = torch.ones(nbytes // 2, dtype=torch.float16).pin_memory()
+
+        def advised(*advice):
+            def prepare():
+                m = managed_on_cpu(nbytes)
+                for a in advice:
+                    _C.advise(m, a, cpu if a == "preferred_location" else
+                              dev if a == "accessed_by" else None)
+                sync()
+                return m
+            return prepare
+        return {
+            "pinned_copy": (lambda: dst.copy_(pinned, non_blocking=True), None),
+            "prefetch_migrate": (lambda m: _C.prefetch(m, dev, None), advised()),
+            "prefetch_read_mostly": (lambda m: _C.prefetch(m, dev, None), advised("read_mostly")),
+            "prefetch_read_mostly_pref_cpu": (lambda m: _C.prefetch(m, dev, None),
+                                              advised("preferred_location", "read_mostly")),
+            "advise_then_prefetch_read_mostly_pref_cpu": (
+                lambda m: (_C.advise(m, "preferred_location", cpu),
+                           _C.advise(m, "read_mostly", None), _C.prefetch(m, dev, None)),
+                advised()),
+            "copy_from_managed": (lambda m: dst.copy_(m, non_blocking=True), advised()),
+            "copy_from_managed_pref_cpu": (lambda m: dst.copy_(m, non_blocking=True),
+                                           advised("preferred_location")),
+            "copy_from_managed_twice": (
+                lambda m: (dst.copy_(m, non_blocking=True), dst.copy_(m, non_blocking=True)),
+                advised()),
+            "read_in_place": (lambda m: _C.alias_on_device(m, dev).sum(),
+                              advised("preferred_location", "accessed_by")),
+            "read_in_place_twice": (
+                lambda m: (_C.alias_on_device(m, dev).sum(), _C.alias_on_device(m, dev).sum()),
+                advised("preferred_location", "accessed_by")),
+        }
+
+    # --- weights streamed over and over: bring, drop, bring again ------------
+    def cycle_variants(nbytes):
+        def drop(m):
+            _C.advise(m, "unset_read_mostly", None)
+            _C.advise(m, "read_mostly", None)
+
+        def after(*advice, cycles=1):
+            def prepare():
+                m = managed_on_cpu(nbytes)
+                for a in advice:
+                    _C.advise(m, a, cpu if a == "preferred_location" else
+                              dev if a == "accessed_by" else None)
+                for _ in range(cycles):
+                    _C.prefetch(m, dev, None)
+                    sync()
+                    drop(m)
+                sync()
+                return m
+            return prepare
+
+        def read(m):
+            return _C.alias_on_device(m, dev).sum()
+        rm = ("preferred_location", "read_mostly")
+        rm_ab = rm + ("accessed_by",)
+        return {
+            "prefetch_after_drop": (lambda m: _C.prefetch(m, dev, None), after(*rm)),
+            "prefetch_after_3_drops": (lambda m: _C.prefetch(m, dev, None), after(*rm, cycles=3)),
+            "prefetch_after_drop_accessed_by": (lambda m: _C.prefetch(m, dev, None), after(*rm_ab)),
+            "prefetch_never_dropped_accessed_by": (lambda m: _C.prefetch(m, dev, None),
+                                                   after(*rm_ab, cycles=0)),
+            # residency by timing: a read of a GPU copy runs at HBM speed
+            "read_after_prefetch_accessed_by": (read, lambda: _prefetched(after(*rm_ab, cycles=0))),
+            "read_after_drop_accessed_by": (read, after(*rm_ab)),
+            "read_in_place_read_mostly_accessed_by": (lambda m: (read(m), read(m)),
+                                                      after(*rm_ab, cycles=0)),
+            "read_after_drop_no_accessed_by": (read, after(*rm)),
+        }
+
+    def _prefetched(prepare):
+        m = prepare()
+        _C.prefetch(m, dev, None)
+        sync()
+        return m
+
+    # --- a GEMM reading its weight in place -----------------------------------
+    def gemm_variants(batch):
+        n = 8192
+        w_dev = torch.full((n, n), 0.01, dtype=torch.float16, device=dev)
+        w_pinned = torch.full((n, n), 0.01, dtype=torch.float16).pin_memory()
+        x = torch.randn(batch, n, dtype=torch.float16, device=dev)
+        w_managed = managed_on_cpu(n * n * 2).view(n, n)
+        _C.advise(w_managed, "preferred_location", cpu)
+        _C.advise(w_managed, "accessed_by", dev)
+        w_alias = _C.alias_on_device(w_managed, dev)
+        return {
+            "resident": (lambda: torch.nn.functional.linear(x, w_dev), None),
+            "pinned_copy_then_gemm": (lambda: torch.nn.functional.linear(
+                x, w_dev.copy_(w_pinned, non_blocking=True)), None),
+            "in_place_over_pcie": (lambda: torch.nn.functional.linear(x, w_alias), None),
+        }
+
+    # --- leaving the GPU ------------------------------------------------------
+    def evict_variants(nbytes):
+        def on_gpu(*advice):
+            def prepare():
+                m = managed_on_cpu(nbytes)
+                for a in advice:
+                    _C.advise(m, a, cpu if a == "preferred_location" else None)
+                _C.prefetch(m, dev, None)
+                sync()
+                return m
+            return prepare
+        return {
+            "drop_read_mostly_duplicate": (
+                lambda m: (_C.advise(m, "unset_read_mostly", None), _C.advise(m, "read_mostly", None)),
+                on_gpu("preferred_location", "read_mostly")),
+            "migrate_back": (lambda m: _C.prefetch(m, cpu, None), on_gpu()),
+        }
+
+    # --- to the CPU, then read there ------------------------------------------
+    def to_cpu_variants(nbytes):
+        n = nbytes // 4
+        pinned = torch.empty(n, dtype=torch.float32).pin_memory()
+        managed_dst = torch_uvm.manage_memory(torch.zeros(n))
+
+        def written_on_gpu():
+            m = torch_uvm.manage_memory(torch.empty(n, device=dev))
+            m.fill_(2.0)                    # written by a kernel: pages on the GPU
+            sync()
+            return m
+
+        def read(t):
+            return float(t.sum())
+        return {
+            "prefetch_then_read": (
+                lambda m: (_C.prefetch(m, cpu, None), sync(), read(_C.alias_on_device(m, cpu))),
+                written_on_gpu),
+            "copy_to_pinned_then_read": (lambda m: read(pinned.copy_(m)), written_on_gpu),
+            "copy_to_managed_cpu_then_read": (lambda m: read(managed_dst.copy_(m)), written_on_gpu),
+            "cpu_faults_read": (lambda m: read(_C.alias_on_device(m, cpu)), written_on_gpu),
+            "read_only_pinned": (lambda: read(pinned), None),
+        }
+
+    groups = {}
+    for nbytes in (128 * MiB, 1 * GiB):
+        groups[f"to_gpu {nbytes // MiB} MiB"] = (nbytes, to_gpu_variants(nbytes))
+    for batch in (16, 128, 1024):
+        groups[f"gemm batch {batch}"] = (8192 * 8192 * 2, gemm_variants(batch))
+    groups["cycle 128 MiB"] = (128 * MiB, cycle_variants(128 * MiB))
+    groups["evict 128 MiB"] = (128 * MiB, evict_variants(128 * MiB))
+    for nbytes in (64 * MiB, 1 * GiB):
+        groups[f"to_cpu {nbytes // MiB} MiB"] = (nbytes, to_cpu_variants(nbytes))
+
+    if args.only:
+        groups = {g: v for g, v in groups.items()
+                  if any(g.startswith(o) for o in args.only.split(","))}
+    results = {g: {v: [] for v in variants} for g, (_, variants) in groups.items()}
+    for g, (_, variants) in groups.items():           # one warm-up of each
+        for fn, prep in variants.values():
+            timed(fn, prep)
+    for r in range(args.rounds):
+        print(f"round {r + 1}/{args.rounds}", flush=True)
+        for g, (_, variants) in groups.items():
+            for v, (fn, prep) in variants.items():
+                results[g][v].append(timed(fn, prep))
+
+    table = ["| case | variant | ms (median, min-max) | GB/s |", "|---|---|---|---|"]
+    summary = {}
+    for g, (nbytes, variants) in groups.items():
+        summary[g] = {}
+        for v in variants:
+            s = method.summarize([t * 1e3 for t in results[g][v]])
+            s["gbps"] = nbytes / (s["median"] / 1e3) / 1e9
+            summary[g][v] = s
+            table.append(f"| {g} | {v} | {s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}) "
+                         f"| {s['gbps']:.1f} |")
+    print("\n".join(table))
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, "mechanisms")
+    with open(stem + ".json", "w") as f:
+        json.dump({"machine": method.machine(), "rounds": args.rounds, "ms": summary}, f, indent=1)
+    with open(stem + ".md", "w") as f:
+        f.write("\n".join(table) + "\n")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        rows = [(f"{g}: {v}", s["gbps"]) for g, d in summary.items() for v, s in d.items()]
+        fig, ax = plt.subplots(figsize=(9, 0.28 * len(rows) + 1))
+        ax.barh([r[0] for r in rows][::-1], [r[1] for r in rows][::-1])
+        ax.set_xscale("log")
+        ax.set_xlabel("GB/s (bytes of the range / wall time)")
+        fig.tight_layout()
+        fig.savefig(stem + ".png", dpi=110)
+    except ImportError:
+        pass
+
+
+if __name__ == "__main__":
+    main()
