@@ -18,7 +18,6 @@ min-max. Writes larger_than_gpu.json and .png to --out.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -254,16 +253,7 @@ def run_stream(variant):
 # --- the driver --------------------------------------------------------------------
 
 def spawn(scenario, variant):
-    cmd = [sys.executable, os.path.abspath(__file__), "--variant", variant, "--scenario", scenario]
-    t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    if p.returncode != 0 or not line:
-        print(f"    {scenario}/{variant} FAILED:\n{p.stdout[-1500:]}\n{p.stderr[-3000:]}", flush=True)
-        return None
-    r = json.loads(line[-1][7:])
-    print(f"    {scenario}/{variant}: {json.dumps(r)} ({time.time() - t0:.0f} s)", flush=True)
-    return r
+    return method.spawn(os.path.abspath(__file__), variant=variant, scenario=scenario)
 
 
 def spread(values):

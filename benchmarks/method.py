@@ -86,3 +86,23 @@ def describe(name: str, s: Optional[dict]) -> str:
 def write(path: str, comparisons: Dict[str, Optional[dict]], **extra) -> None:
     with open(path, "w") as f:
         json.dump({"machine": machine(), "comparisons": comparisons, **extra}, f, indent=1)
+
+
+def spawn(script: str, timeout: int = 300, **args) -> Optional[dict]:
+    """Runs `script --key value ...` in a fresh process and returns the JSON
+    of its last "RESULT " line (None, with its output printed, on failure)."""
+    import sys
+    cmd = [sys.executable, script] + [x for k, v in args.items() for x in (f"--{k}", str(v))]
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"    {args} TIMED OUT after {timeout} s", flush=True)
+        return None
+    line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    if p.returncode != 0 or not line:
+        print(f"    {args} FAILED:\n{p.stdout[-1500:]}\n{p.stderr[-3000:]}", flush=True)
+        return None
+    r = json.loads(line[-1][7:])
+    print(f"    {args}: {json.dumps(r)} ({time.time() - t0:.0f} s)", flush=True)
+    return r

@@ -144,7 +144,7 @@ def memory_stats() -> Dict[str, int]:
     ``residency.cuda:N.*`` keys describe the memory streamed under GPU N's
     residency budget (see :func:`set_residency_limit`)."""
     stats = dict(_C.memory_stats())
-    from .offload import _BUDGET
+    from .residency import _BUDGET
     for d in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
         residency = _BUDGET.stats(d)
         if residency["limit"] or residency["prefetched_bytes"]:
@@ -167,13 +167,17 @@ def empty_cache() -> None:
     """Return cached, unused managed memory to the driver (keeps the release
     threshold's worth)."""
     _C.empty_cache()
-    from .offload import forget_advice
+    from .residency import forget_advice
     forget_advice()
 
 
 def reset_peak_memory_stats() -> None:
-    """Reset every ``*.peak`` statistic to its current value."""
+    """Reset every ``*.peak`` statistic to its current value (the residency
+    budgets' too)."""
     _C.reset_peak_memory_stats()
+    from .residency import _BUDGET
+    for d in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
+        _BUDGET.reset_peak(d)
 
 
 def reset_accumulated_memory_stats() -> None:
@@ -239,8 +243,9 @@ def _validate_environment() -> None:
         _C.parse_alloc_conf(conf)
 
 
-from .offload import (bring, get_residency_limit, offload, prefetching,  # noqa: E402
-                      residency_stats, set_residency_limit)
+from .offload import offload  # noqa: E402
+from .residency import (bring, get_residency_limit, prefetching,  # noqa: E402
+                        residency_stats, set_residency_limit)
 
 _install_tensor_methods()
 _validate_environment()

@@ -1,7 +1,7 @@
 // What decides eviction: a residency budget per GPU over the memory torch_uvm
 // brings there (streamed modules, prefetching iterators, explicit prefetches),
 // and the least recently used ranges that leave when a new one would exceed
-// it. Policy only: the glue (torch_uvm/offload.py via the bindings) carries
+// it. Policy only: the glue (torch_uvm/residency.py via the bindings) carries
 // out the evictions it returns, with the mechanism it names.
 #pragma once
 

@@ -66,7 +66,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     TORCH_CHECK(is_managed(t), "torch_uvm: only a managed tensor can be seen on another device");
     return alias_on_device(t, device.cast<c10::Device>());
   });
-  // The residency budget's policy (core/residency.h); torch_uvm/offload.py
+  // The residency budget's policy (core/residency.h); torch_uvm/residency.py
   // carries out the evictions it returns.
   py::class_<ResidencyBudget>(m, "ResidencyBudget")
       .def(py::init<>())

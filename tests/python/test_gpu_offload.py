@@ -246,3 +246,46 @@ def test_prefetching_lets_go_of_batches_and_of_a_loop_left_early(uvm, budget):
             break                                         # two batches staged, one in use
     torch.cuda.synchronize()
     uvm.bring(torch.ones(16 * MiB - 1024), "cuda")        # the whole budget: nothing busy
+
+
+def test_training_under_a_budget_gives_the_all_resident_losses(uvm):
+    torch.manual_seed(1)
+    x = torch.randn(64, 1024, device="cuda")
+
+    def train(model, optimizer, steps=4):
+        losses = []
+        for _ in range(steps):
+            loss = model(x).square().mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()                         # set to None: the gradients die
+            losses.append(loss.item())
+        return losses
+    reference = make_model(width=1024).cuda()             # 8 x 4 MiB
+    want = train(reference, torch.optim.AdamW(reference.parameters(), lr=1e-3))
+    model = make_model(width=1024)
+    budget = 24 * MiB                                     # weights alone take 32 MiB
+    uvm.reset_peak_memory_stats()
+    before = uvm.residency_stats()
+    handle = uvm.offload(model, budget=budget)
+    with pytest.raises(ValueError, match="create the optimizer after"):
+        handle.stream_optimizer(torch.optim.AdamW(make_model(layers=1).parameters()))
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    try:
+        got = train(model, optimizer)
+        torch.cuda.synchronize()
+        assert handle.mode == "prefetch" and handle.training
+        assert got == want                                # bit for bit
+        for p, q in zip(model.parameters(), reference.parameters()):
+            assert torch.equal(p, q)
+        s = uvm.residency_stats()
+        assert s["resident_bytes.peak"] <= budget
+        # written weights, gradients and moments went home; dead gradients
+        # were forgotten, not moved
+        assert s["evictions.migrate"] > before["evictions.migrate"]
+        assert s["evictions.discard"] > before["evictions.discard"]
+        assert all(uvm.is_managed(t) for p in model.parameters()
+                   for t in optimizer.state[p].values() if t.is_cuda)
+    finally:
+        handle.undo()
+    assert "step" not in optimizer.__dict__
