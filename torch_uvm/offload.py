@@ -3,6 +3,7 @@ a resident prefix and the rest streamed, for inference and training
 (the training side, backward and the optimizer: offload_training.py)."""
 from __future__ import annotations
 
+import types
 from typing import Dict, List, Optional
 
 import torch
@@ -63,6 +64,7 @@ class Offloaded:
         self._owns_limit = False
         self._advised = False
         self.training = False         # the first forward built a graph
+        self._pinned: set = set()     # addresses of the resident units' ranges
         self._optimizers: List[tuple] = []   # (optimizer, its own step)
 
     def _ranges(self) -> List[_Range]:
@@ -114,6 +116,7 @@ class Offloaded:
             if u.resident:
                 _bring(u.ranges, self.device, torch.cuda.current_stream(self.device), self.training)
                 _set_busy(u.ranges, True)
+                self._pinned.update(r.address for r in u.ranges)
 
     def _pre(self, unit: _Unit) -> None:
         if torch.cuda.is_current_stream_capturing():
@@ -132,7 +135,7 @@ class Offloaded:
         if unit.ready is not None:
             compute.wait_event(unit.ready)
             unit.ready = None
-        elif not unit.resident:
+        if not unit.resident:         # prefetched: only touched; else (left since) brought
             _bring(unit.ranges, self.device, compute, self.training)
         _set_busy(unit.ranges, True)
         for u in self._upcoming(unit):   # the next `ahead` streamed units
@@ -160,7 +163,11 @@ class Offloaded:
         for r in unit.ranges:
             r.last_use = done
         if not unit.resident or not self.learned:
-            _set_busy(unit.ranges, False)
+            self._unpin(unit.ranges)
+
+    def _unpin(self, ranges: List[_Range]) -> None:
+        """Not busy any more, except a weight shared with a resident unit."""
+        _set_busy([r for r in ranges if r.address not in self._pinned], False)
 
     def stream_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Make `optimizer.step()` step one submodule at a time within the
@@ -169,7 +176,9 @@ class Offloaded:
         offload_training.check_optimizer(self, optimizer)
         own = optimizer.step
         self._optimizers.append((optimizer, own))
-        optimizer.step = lambda closure=None: self._step(optimizer, own, closure)
+        # a method, as LR schedulers expect of optimizer.step
+        optimizer.step = types.MethodType(
+            lambda opt, closure=None: self._step(opt, own, closure), optimizer)
         return optimizer
 
     def _step(self, optimizer, own, closure):
@@ -190,8 +199,10 @@ class Offloaded:
         torch.cuda.synchronize(self.device)
         for h in self._handles:
             h.remove()
+        offload_training.forget(self)
         for optimizer, _ in self._optimizers:
             optimizer.__dict__.pop("step", None)   # the class's step again
+        self._optimizers.clear()
         for r in self._ranges():
             for advice in ("unset_read_mostly", "unset_accessed_by"):
                 _C.advise(r.tensor, advice, self.device)

@@ -19,9 +19,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Dict, List
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from . import _C
-from .residency import (_BUDGET, _LOCK, _Range, _admit_written, _bring, _range_for,
+from .residency import (_BUDGET, _LOCK, _RANGES, _Range, _admit_written, _bring, _range_for,
                         _set_busy)
 
 if TYPE_CHECKING:
@@ -52,17 +53,21 @@ def install(handle: "Offloaded") -> None:
 
 
 def after_forward(handle: "Offloaded", unit: "_Unit", output) -> None:
-    """In a forward that builds a graph, a hook on `unit`'s output runs just
-    before its backward."""
+    """In a forward that builds a graph, hooks on `unit`'s outputs (tensors,
+    containers, model outputs) run before its backward: the first one that
+    fires brings the weights back."""
     if not torch.is_grad_enabled() or handle.mode != "prefetch":
         return
-    tensors = [output] if isinstance(output, torch.Tensor) else \
-        [t for t in (output if isinstance(output, (list, tuple)) else ()) if
-         isinstance(t, torch.Tensor)]
-    for t in tensors:
-        if t.requires_grad:
-            t.register_hook(lambda _grad: before_backward(handle, unit))
-            return
+    armed = [True]
+
+    def hook(_grad):
+        if armed[0]:
+            armed[0] = False
+            before_backward(handle, unit)
+    leaves = tree_leaves(output) if not hasattr(output, "to_tuple") else list(output.to_tuple())
+    for t in leaves:
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            t.register_hook(hook)
 
 
 def before_backward(handle: "Offloaded", unit: "_Unit") -> None:
@@ -95,13 +100,14 @@ def grad_ready(handle: "Offloaded", unit: "_Unit", p: torch.nn.Parameter) -> Non
             "torch_uvm.set_enabled_uvm(True) (or set PYTORCH_ENABLE_UNIFIED_MEMORY=1) before "
             "the first backward")
     compute = torch.cuda.current_stream(handle.device)
-    _admit_written([_range_for(grad, track=True)], handle.device, compute)
-    unit.grads_seen = getattr(unit, "grads_seen", 0) + 1
+    r = _range_for(grad, track=True)
+    r.last_use = compute.record_event()   # written by kernels still queued
+    _admit_written([r], handle.device, compute)
+    unit.grads_seen += 1
     if unit.grads_seen >= unit.grads_expected and not unit.resident:
-        done = compute.record_event()
-        for r in unit.ranges:
-            r.last_use = done
-        _set_busy(unit.ranges, False)
+        for w in unit.ranges:
+            w.last_use = r.last_use
+        handle._unpin(unit.ranges)
 
 
 def state_tensors(optimizer: torch.optim.Optimizer, p) -> List[torch.Tensor]:
@@ -110,6 +116,10 @@ def state_tensors(optimizer: torch.optim.Optimizer, p) -> List[torch.Tensor]:
 
 
 def check_optimizer(handle: "Offloaded", optimizer: torch.optim.Optimizer) -> None:
+    if handle.learned and not handle.training:
+        raise ValueError(
+            "torch_uvm: this offload was planned for inference (its first forward ran without "
+            "grad). To train, undo() it and offload again, then run the first forward with grad")
     ours = {id(p) for u in handle.units for p in u.module._parameters.values() if p is not None}
     foreign = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in ours]
     if foreign:
@@ -135,36 +145,55 @@ def step(handle: "Offloaded", optimizer: torch.optim.Optimizer, original_step):
     with _LOCK:
         for u in handle.units:        # a unit left busy by a partial backward
             if not u.resident:
-                _set_busy(u.ranges, False)
+                handle._unpin(u.ranges)
+                u.ready = None
+    stepped: set = set()              # a tied weight steps once
     try:
         for u in handle.order or handle.units:
-            params = [p for p in trainable(u) if p.grad is not None]
+            params = [p for p in trainable(u) if p.grad is not None and id(p) not in stepped]
             if not params:
                 continue
             ids = {id(p) for p in params}
+            stepped |= ids
             grads = [_range_for(p.grad, track=True) for p in params]
             states = [_range_for(t, track=True) for p in params for t in state_tensors(optimizer, p)]
             ranges: List[_Range] = list(u.ranges) + grads + states
             _bring(ranges, device, compute, written=True)
             _set_busy(ranges, True)
-            for g, all_params in zip(groups, saved):
-                g["params"] = [p for p in all_params if id(p) in ids]
+            new: List[_Range] = []
             try:
+                for g, all_params in zip(groups, saved):
+                    g["params"] = [p for p in all_params if id(p) in ids]
                 original_step()
-            finally:
                 for g, all_params in zip(groups, saved):
                     g["params"] = all_params
-            new = [_range_for(t, track=True) for p in params for t in state_tensors(optimizer, p)]
-            _admit_written([r for r in new if all(r is not s for s in states)], device, compute)
-            done = compute.record_event()
-            with _LOCK:
+                new = [_range_for(t, track=True) for p in params
+                       for t in state_tensors(optimizer, p)]
+                new = [r for r in new if all(r is not s for s in states)]
+                done = compute.record_event()
                 for r in ranges + new:
                     r.last_use = done
-                for r in u.ranges:
-                    _BUDGET.mark_written(r.address)
-                _set_busy(ranges, False)
+                _admit_written(new, device, compute)
+                with _LOCK:
+                    for r in u.ranges:
+                        _BUDGET.mark_written(r.address)
+            finally:
+                handle._unpin(ranges + new)
                 if u.resident:
                     _set_busy(u.ranges, True)
     finally:
         for g, all_params in zip(groups, saved):
             g["params"] = all_params
+
+
+def forget(handle: "Offloaded") -> None:
+    """On undo: the gradients and optimizer states of the module's
+    parameters leave the budget's books (they stay where they are)."""
+    tensors = [p.grad for u in handle.units for p in trainable(u) if p.grad is not None]
+    tensors += [t for optimizer, _ in handle._optimizers for u in handle.units
+                for p in trainable(u) for t in state_tensors(optimizer, p)]
+    with _LOCK:
+        for t in tensors:
+            r = _RANGES.pop(t.data_ptr(), None)
+            if r is not None:
+                _BUDGET.forget(r.address)

@@ -169,6 +169,24 @@ def _evict(steps, side: torch.cuda.Stream) -> None:
             del _RANGES[address]
 
 
+def evict(device=None) -> None:
+    """Let every streamed range on `device` that is not in use leave it now
+    (a copy dropped, or migrated home if written), and let go of the batches
+    torch_uvm still held. Resident units of an offloaded module stay."""
+    device = _cuda(device)
+    with _LOCK:
+        _sweep_dead(device)
+        for r in [r for r in _RANGES.values() if r.device == device]:
+            if _BUDGET.is_busy(r.address):
+                continue
+            how = "drop_copy" if r.read_mostly else "migrate"
+            _BUDGET.forget(r.address)
+            _RANGES[r.address] = r    # _evict looks it up, and lets go of a batch
+            _evict([(r.address, r.nbytes, how)], torch.cuda.current_stream(device))
+            if r.owned:
+                _RANGES.pop(r.address, None)
+
+
 def _drop_copy(r: _Range) -> None:
     """Unsetting read-mostly collapses the duplicates to the preferred
     location (the CPU), where a copy is: the GPU's is dropped, nothing moves."""

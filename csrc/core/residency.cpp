@@ -93,6 +93,11 @@ bool ResidencyBudget::is_resident(DeviceIndex device, std::uintptr_t address) co
   return it != where_.end() && it->second->device == device;
 }
 
+bool ResidencyBudget::is_busy(std::uintptr_t address) const {
+  auto it = where_.find(address);
+  return it != where_.end() && it->second->busy;
+}
+
 ResidencyStats ResidencyBudget::stats(DeviceIndex device) const {
   auto it = devices_.find(device);
   return it == devices_.end() ? ResidencyStats{} : it->second.stats;

@@ -60,6 +60,7 @@ class ResidencyBudget {
   void forget(std::uintptr_t address);
 
   bool is_resident(DeviceIndex device, std::uintptr_t address) const;
+  bool is_busy(std::uintptr_t address) const;
   ResidencyStats stats(DeviceIndex device) const;
   void reset_peak(DeviceIndex device);
 

@@ -85,6 +85,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("mark_written", &ResidencyBudget::mark_written)
       .def("forget", &ResidencyBudget::forget)
       .def("is_resident", &ResidencyBudget::is_resident)
+      .def("is_busy", &ResidencyBudget::is_busy)
       .def("reset_peak", &ResidencyBudget::reset_peak)
       .def("stats", [](const ResidencyBudget& b, int device) {
         ResidencyStats s = b.stats(device);

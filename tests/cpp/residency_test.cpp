@@ -48,6 +48,9 @@ TEST(Residency, BusyRangesAreNeverEvicted) {
   b.admit(0, 0x1000, kMiB, false);
   b.admit(0, 0x2000, kMiB, false);
   b.set_busy(0x1000, true);
+  EXPECT_TRUE(b.is_busy(0x1000));
+  EXPECT_FALSE(b.is_busy(0x2000));
+  EXPECT_FALSE(b.is_busy(0x9000));  // unknown
   auto steps = b.admit(0, 0x3000, kMiB, false);
   ASSERT_EQ(steps.size(), 1u);
   EXPECT_EQ(steps[0].address, 0x2000u);

@@ -13,6 +13,17 @@ pytestmark = gpu
 MiB = 1 << 20
 
 
+@pytest.fixture(autouse=True)
+def nothing_left_streamed():
+    """Each test starts with nothing streamed on the GPU, and leaves nothing
+    (a batch held by the budget would keep a segment alive for later tests)."""
+    yield
+    import torch_uvm
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch_uvm.evict()
+
+
 @pytest.fixture
 def budget(uvm):
     """A 64 MiB residency budget on cuda:0, removed afterwards."""
@@ -253,11 +264,13 @@ def test_training_under_a_budget_gives_the_all_resident_losses(uvm):
     x = torch.randn(64, 1024, device="cuda")
 
     def train(model, optimizer, steps=4):
+        schedule = torch.optim.lr_scheduler.StepLR(optimizer, 2, gamma=0.5)
         losses = []
         for _ in range(steps):
             loss = model(x).square().mean()
             loss.backward()
             optimizer.step()
+            schedule.step()
             optimizer.zero_grad()                         # set to None: the gradients die
             losses.append(loss.item())
         return losses
@@ -289,3 +302,50 @@ def test_training_under_a_budget_gives_the_all_resident_losses(uvm):
     finally:
         handle.undo()
     assert "step" not in optimizer.__dict__
+
+
+def test_training_steps_a_tied_weight_once(uvm):
+    def make():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Embedding(4096, 1024), torch.nn.Linear(1024, 4096))
+        m[1].weight = m[0].weight
+        return m
+    ids = torch.randint(0, 4096, (4, 64), device="cuda")
+
+    def train(model, optimizer):
+        losses = []
+        for _ in range(3):
+            loss = model(ids).float().square().mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        return losses
+    reference = make().cuda()
+    want = train(reference, torch.optim.AdamW(reference.parameters(), lr=1e-2))
+    model = make()
+    handle = uvm.offload(model, budget=96 * MiB)
+    try:
+        got = train(model, handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2)))
+        assert got == want
+        assert model[1].weight is model[0].weight
+    finally:
+        handle.undo()
+
+
+def test_evict_lets_everything_not_in_use_leave(uvm, budget):
+    t = torch.ones(4 * MiB)                               # 16 MiB, managed
+    ref = weakref.ref(t)
+    uvm.bring(t, "cuda")
+    torch.cuda.synchronize()
+    assert uvm.residency_stats()["resident_bytes.current"] == 16 * MiB
+    del t
+    uvm.evict()
+    assert uvm.residency_stats()["resident_bytes.current"] == 0
+    assert ref() is None                                  # torch_uvm let go of it
+    with torch.no_grad():                                 # planned for inference ...
+        h = uvm.offload(make_model(layers=2))
+        h.module(torch.randn(16, 2048, device="cuda"))
+    with pytest.raises(ValueError, match="planned for inference"):   # ... not for training
+        h.stream_optimizer(torch.optim.SGD(h.module.parameters(), lr=0.1))
+    h.undo()
