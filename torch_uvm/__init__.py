@@ -145,9 +145,9 @@ def memory_stats() -> Dict[str, int]:
     ``residency.cuda:N.*`` keys describe the memory streamed under GPU N's
     residency budget (see :func:`set_residency_limit`)."""
     stats = dict(_C.memory_stats())
-    from .residency import _BUDGET
+    from .residency import residency_stats
     for d in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
-        residency = _BUDGET.stats(d)
+        residency = residency_stats(d)
         if residency["limit"] or residency["prefetched_bytes"]:
             stats.update({f"residency.cuda:{d}.{k}": v for k, v in residency.items()})
     return dict(sorted(stats.items()))

@@ -43,4 +43,28 @@ def format_summary(stats: Dict[str, int]) -> str:
             out.append(f"| {label:<22} | " + " | ".join(f"{c:>10}" for c in cells) + " |")
         out.append("|" + "-" * (width - 2) + "|")
     out[-1] = line
+    out += _residency_rows(stats, width, line)
     return "\n".join(out)
+
+
+def _residency_rows(stats: Dict[str, int], width: int, line: str):
+    """One block per GPU with a residency budget or streamed memory."""
+    devices = sorted({k.split(".")[1] for k in stats if k.startswith("residency.")})
+    rows = []
+    for d in devices:
+        def get(key):
+            return stats.get(f"residency.{d}.{key}", 0)
+        limit = get("limit")
+        rows += [
+            "|" + f" Residency on {d}: budget "
+                  f"{_bytes(limit).strip() if limit else 'none'}".ljust(width - 2) + "|",
+            "|" + f"   resident {_bytes(get('resident_bytes.current')).strip()}, peak "
+                  f"{_bytes(get('resident_bytes.peak')).strip()}, prefetched "
+                  f"{_bytes(get('prefetched_bytes')).strip()}".ljust(width - 2) + "|",
+        ]
+        for how in ("drop_copy", "migrate", "discard"):
+            rows.append("|" + f"   evictions by {how}: {get('evictions.' + how)} "
+                              f"({_bytes(get('evicted_bytes.' + how)).strip()})"
+                              .ljust(width - 2) + "|")
+        rows.append(line)
+    return rows
