@@ -2,9 +2,10 @@
 
     python benchmarks/run.py [--out benchmarks/results] [--only alloc,train,...]
 
-Each (allocator, workload) pair runs in its own process (workloads.py),
-interleaved: every round runs each workload's allocators one after another,
---rounds times (benchmarks/method.py). The tables show the median of the
+Each round runs one fresh process per allocator (workloads.py), which runs
+that allocator's workloads in a fixed order, and the allocators one after
+another, --rounds times (benchmarks/method.py). The C++ allocation
+benchmark runs in its own process. The tables show the median of the
 rounds; the ratios pair the runs of one round and give their median and
 min-max, against issue 12's targets. Writes results.json (with the machine
 and the "comparisons" that benchmarks/compare.py reads), results.md and plots
@@ -52,6 +53,9 @@ def human(n):
 
 
 def run_one(allocator, workload):
+    """`workload` (or several, comma-separated: one process runs them in
+    order) with `allocator` in a fresh process: {workload: result}, or None
+    when the process failed."""
     t0 = time.time()
     print(f"  running {workload} with {allocator} ...", flush=True)
     env = dict(os.environ)
@@ -70,7 +74,21 @@ def run_one(allocator, workload):
         print(f"  FAILED {workload}/{allocator}:\n{p.stderr[-2000:]}", flush=True)
         return None
     print(f"  done in {time.time() - t0:.0f} s", flush=True)
-    return json.loads(p.stdout.strip().splitlines()[-1])["result"]
+    lines = [json.loads(l) for l in p.stdout.strip().splitlines() if l.startswith("{")]
+    return {line.get("workload", workload): line["result"] for line in lines}
+
+
+def run_group(allocator, workloads):
+    """Every workload of one round that uses `allocator`: the Python ones in
+    one fresh process (process start and CUDA init cost about 8 s, which
+    five rounds of a process per workload could not afford in 10 minutes),
+    the C++ one in its own. {workload: result or None}."""
+    out = {}
+    python = [w for w in workloads if w != "alloc_cpp"]
+    for part in (["alloc_cpp"] if "alloc_cpp" in workloads else []) + \
+            ([",".join(python)] if python else []):
+        out.update(run_one(allocator, part) or {})
+    return {w: out.get(w) for w in workloads}
 
 
 def table(title, header, rows):
@@ -263,11 +281,12 @@ def main():
                if a in OPTIONAL and importlib.util.find_spec(OPTIONAL[a]) is None}
     for a in sorted(missing):
         print(f"  {a}: package '{OPTIONAL[a]}' not installed; its rows are left empty")
-    pairs = [(w, a) for w in workloads for a in PLAN[w] if a not in missing]
-    flat = method.interleaved([f"{w}/{a}" for w, a in pairs], args.rounds,
-                              lambda name: run_one(*reversed(name.split("/", 1))))
-    runs = {w: {a: flat.get(f"{w}/{a}", [None] * args.rounds) for a in PLAN[w]}
-            for w in workloads}
+    allocators = list(dict.fromkeys(a for w in workloads for a in PLAN[w] if a not in missing))
+    # A B A B ...: each round, one fresh process per allocator runs its workloads
+    flat = method.interleaved(allocators, args.rounds, lambda a: run_group(
+        a, [w for w in workloads if a in PLAN[w]]))
+    runs = {w: {a: [(r or {}).get(w) for r in flat[a]] if a in flat else [None] * args.rounds
+                for a in PLAN[w]} for w in workloads}
     results = {w: {a: median_result(rs) for a, rs in per.items()} for w, per in runs.items()}
     compared = comparisons(runs)
     m = method.machine()

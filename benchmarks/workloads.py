@@ -265,8 +265,11 @@ def faults(allocator):
 
 
 if __name__ == "__main__":
-    allocator, workload = sys.argv[1], sys.argv[2]
+    # workloads.py ALLOCATOR WORKLOAD[,WORKLOAD...]: one JSON line per workload
+    allocator, workloads = sys.argv[1], sys.argv[2].split(",")
     if allocator != "cupy":
         setup(allocator)
-    result = globals()[workload](allocator)
-    print(json.dumps({"allocator": allocator, "workload": workload, "result": result}))
+    for workload in workloads:
+        result = globals()[workload](allocator)
+        print(json.dumps({"allocator": allocator, "workload": workload, "result": result}),
+              flush=True)

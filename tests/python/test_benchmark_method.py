@@ -88,7 +88,9 @@ def fake_run_one(calls):
 def test_run_interleaves_rounds_and_reports_paired_ratios(tmp_path, monkeypatch, capsys):
     import run
     calls = []
-    monkeypatch.setattr(run, "run_one", fake_run_one(calls))
+    fake = fake_run_one(calls)
+    monkeypatch.setattr(run, "run_group",
+                        lambda allocator, workloads: {w: fake(allocator, w) for w in workloads})
     monkeypatch.setattr(run, "plot", lambda results, out: None)
     monkeypatch.setattr(run, "PLAN", {**run.PLAN, "train": ["torch", "torch_uvm"],
                                       "alloc": ["torch", "torch_uvm"],
