@@ -252,10 +252,6 @@ def run_stream(variant):
 
 # --- the driver --------------------------------------------------------------------
 
-def spawn(scenario, variant):
-    return method.spawn(os.path.abspath(__file__), variant=variant, scenario=scenario)
-
-
 def spread(values):
     return method.summarize([v for v in values if v is not None])
 
@@ -298,10 +294,7 @@ def main():
         return
     import torch
     scenarios = [s for s in args.only.split(",") if s in PLAN]
-    pairs = [(s, v) for s in scenarios for v in PLAN[s]]
-    flat = method.interleaved([f"{s}/{v}" for s, v in pairs], args.rounds,
-                              lambda name: spawn(*name.split("/")))
-    runs = {s: {v: flat[f"{s}/{v}"] for v in PLAN[s]} for s in scenarios}
+    runs = method.scenario_runs(os.path.abspath(__file__), PLAN, scenarios, args.rounds)
     result = {"runs": runs}
     if "model" in runs:
         print(f"\n(a) 16 x fp16 Linear(8192, 8192) = 2 GiB, batch 16, budget 1 GiB "

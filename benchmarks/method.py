@@ -106,3 +106,14 @@ def spawn(script: str, timeout: int = 300, **args) -> Optional[dict]:
     r = json.loads(line[-1][7:])
     print(f"    {args}: {json.dumps(r)} ({time.time() - t0:.0f} s)", flush=True)
     return r
+
+
+def scenario_runs(script: str, plan: Dict[str, List[str]], scenarios: List[str], rounds: int,
+                  timeout: int = 300) -> Dict[str, Dict[str, List[Optional[dict]]]]:
+    """Every variant of `scenarios` run by `script --scenario S --variant V`
+    in a fresh process, interleaved over `rounds`:
+    {scenario: {variant: [round 1's result, ...]}}."""
+    names = [f"{s}/{v}" for s in scenarios for v in plan[s]]
+    flat = interleaved(names, rounds, lambda name: spawn(
+        script, timeout=timeout, scenario=name.split("/")[0], variant=name.split("/")[1]))
+    return {s: {v: flat[f"{s}/{v}"] for v in plan[s]} for s in scenarios}

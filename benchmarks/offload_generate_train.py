@@ -134,11 +134,8 @@ def main():
         print("RESULT " + json.dumps(fn(args.variant)), flush=True)
         return
     scenarios = [s for s in args.only.split(",") if s in PLAN]
-    names = [f"{s}/{v}" for s in scenarios for v in PLAN[s]]
-    flat = method.interleaved(names, args.rounds, lambda name: method.spawn(
-        os.path.abspath(__file__), timeout=400, scenario=name.split("/")[0],
-        variant=name.split("/")[1]))
-    runs = {s: {v: flat[f"{s}/{v}"] for v in PLAN[s]} for s in scenarios}
+    runs = method.scenario_runs(os.path.abspath(__file__), PLAN, scenarios, args.rounds,
+                                timeout=400)
 
     def metric(s, v, key):
         return [r[key] if r else None for r in runs[s][v]]

@@ -37,6 +37,12 @@ def make_model(layers=8, width=2048):
     return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
 
 
+def all_resident_output(x):
+    """What make_model() gives for `x` with every weight on the GPU."""
+    with torch.no_grad():
+        return make_model().cuda()(x)
+
+
 def test_residency_limit_bad_input(uvm):
     for bad, error in [(0, ValueError), (-5, ValueError), (1.5, ValueError), ("1G", TypeError),
                        (uvm.get_memory_cap() + 1, ValueError)]:
@@ -50,9 +56,7 @@ def test_residency_limit_bad_input(uvm):
 
 def test_offloaded_model_matches_all_resident_within_its_budget(uvm, budget):
     x = torch.randn(16, 2048, device="cuda")
-    reference = make_model().cuda()
-    with torch.no_grad():
-        want = reference(x)
+    want = all_resident_output(x)
     model = make_model()                                  # 8 x 16 MiB = 128 MiB of weights
     before = uvm.residency_stats()
     handle = uvm.offload(model, device="cuda", mode="prefetch")   # the 64 MiB budget
@@ -159,9 +163,7 @@ def test_an_offload_budget_is_enforced_without_a_device_limit(uvm):
 
 def test_offload_in_place_reads_streamed_weights_where_they_are(uvm, budget):
     x = torch.randn(16, 2048, device="cuda")
-    reference = make_model().cuda()
-    with torch.no_grad():
-        want = reference(x)
+    want = all_resident_output(x)
     model = make_model()
     for p in model.parameters():      # a reused block remembers its last prefetch
         uvm.prefetch(p, "cpu")
