@@ -15,11 +15,21 @@ to_gpu (pages on the CPU, 128 MiB and 1 GiB): a pinned copy; a migrating
 gemm: fp16 Linear(8192, 8192) whose weight is read in place over PCIe, batch
   16 / 128 / 1024, against the weight resident and against a pinned copy of it.
 evict (128 MiB on the GPU): dropping a read-mostly duplicate, migrating back.
-to_cpu (written on the GPU, then read by the CPU): a migrating prefetch; a
-  copy into pinned memory; a copy into CPU-resident managed memory; CPU page
-  faults.
+to_cpu (written on the GPU, then read by the CPU): a migrating prefetch (one
+  call, or four pieces on four streams); a copy into pinned memory; a copy
+  into CPU-resident managed memory; CPU page faults (all threads, one thread);
+  and the kernel's cost of fresh pages (first touch of new pageable memory).
+batch (128 MiB in 64 ranges): one call per range against CUDA 13's batch
+  calls, to the GPU and back, and discarding dead data (with and without
+  moving its residency to the CPU).
+copy_h2d: gpu.copy_(managed cpu), .to('cuda', float16) and load_state_dict
+  from managed CPU tensors: PyTorch's copy against torch_uvm's (prefetch the
+  source, copy on the GPU), with a pinned source as the anchor.
+copy_d2h: a GPU tensor into pinned, CPU-resident managed and pageable memory:
+  PyTorch's copy, and through pinned buffers (16 MiB pieces, pipelined).
 """
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -30,6 +40,29 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import method  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
+
+
+class CudaMemLocation(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+def cudart():
+    """The CUDA runtime torch loaded (by soname), with the calls used here."""
+    import torch
+    for name in ("libcudart.so.13", "libcudart.so"):
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            lib = None
+    if lib is None:
+        import glob
+        found = glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "**",
+                                       "libcudart.so*"), recursive=True)
+        lib = ctypes.CDLL(found[0])
+    lib.cudaMemPrefetchAsync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, CudaMemLocation,
+                                         ctypes.c_uint, ctypes.c_void_p]
+    return lib
 
 
 def main():
@@ -63,6 +96,16 @@ def main():
         sync()
         return time.perf_counter() - t0
 
+    def stock(fn):
+        """fn with PyTorch's own copy_ (torch_uvm's copy_ override off)."""
+        def run(*a):
+            torch_uvm.set_fast_copy(False)
+            try:
+                return fn(*a)
+            finally:
+                torch_uvm.set_fast_copy(True)
+        return run
+
     # --- to the GPU -----------------------------------------------------------
     def to_gpu_variants(nbytes):
         dst = torch.empty(nbytes // 2, dtype=torch.float16, device=dev)
@@ -87,11 +130,11 @@ def main():
                 lambda m: (_C.advise(m, "preferred_location", cpu),
                            _C.advise(m, "read_mostly", None), _C.prefetch(m, dev, None)),
                 advised()),
-            "copy_from_managed": (lambda m: dst.copy_(m, non_blocking=True), advised()),
-            "copy_from_managed_pref_cpu": (lambda m: dst.copy_(m, non_blocking=True),
+            "copy_from_managed": (stock(lambda m: dst.copy_(m, non_blocking=True)), advised()),
+            "copy_from_managed_pref_cpu": (stock(lambda m: dst.copy_(m, non_blocking=True)),
                                            advised("preferred_location")),
             "copy_from_managed_twice": (
-                lambda m: (dst.copy_(m, non_blocking=True), dst.copy_(m, non_blocking=True)),
+                stock(lambda m: (dst.copy_(m, non_blocking=True), dst.copy_(m, non_blocking=True))),
                 advised()),
             "read_in_place": (lambda m: _C.alias_on_device(m, dev).sum(),
                               advised("preferred_location", "accessed_by")),
@@ -200,7 +243,199 @@ def main():
             "copy_to_pinned_then_read": (lambda m: read(pinned.copy_(m)), written_on_gpu),
             "copy_to_managed_cpu_then_read": (lambda m: read(managed_dst.copy_(m)), written_on_gpu),
             "cpu_faults_read": (lambda m: read(_C.alias_on_device(m, cpu)), written_on_gpu),
+            "cpu_faults_read_1_thread": (
+                lambda m: one_thread(lambda: read(_C.alias_on_device(m, cpu))), written_on_gpu),
+            "prefetch_4_streams_then_read": (lambda m: (prefetch_pieces(m, 4), sync(),
+                                                        read(_C.alias_on_device(m, cpu))),
+                                             written_on_gpu),
             "read_only_pinned": (lambda: read(pinned), None),
+            # the kernel's cost of giving a process fresh pages: first touch
+            # of new pageable memory, one thread and all of them
+            "first_touch_pageable": (lambda: torch.empty(n).fill_(1.0), None),
+            "first_touch_pageable_1_thread": (
+                lambda: one_thread(lambda: torch.empty(n).fill_(1.0)), None),
+        }
+
+    def one_thread(fn):
+        saved = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn()
+        finally:
+            torch.set_num_threads(saved)
+
+    side_streams = [torch.cuda.Stream(dev) for _ in range(4)]
+
+    def prefetch_pieces(m, k):
+        piece = (m.numel() + k - 1) // k
+        for i, st in enumerate(side_streams[:k]):
+            _C.prefetch(m[i * piece:(i + 1) * piece], cpu, st)
+
+    # --- CUDA 13's batch calls (ctypes: torch_uvm's runtime does not use them)
+    rt = cudart()
+
+    def loc(device):
+        return CudaMemLocation(2, 0) if device.type == "cpu" else CudaMemLocation(1, device.index)
+
+    def batch_call(name, pieces, device=None):
+        n = len(pieces)
+        ptrs = (ctypes.c_void_p * n)(*[p.data_ptr() for p in pieces])
+        sizes = (ctypes.c_size_t * n)(*[p.numel() * p.element_size() for p in pieces])
+        s = ctypes.c_void_p(side.cuda_stream)
+        if name == "cudaMemDiscardBatchAsync":
+            err = rt.cudaMemDiscardBatchAsync(ptrs, sizes, ctypes.c_size_t(n),
+                                              ctypes.c_ulonglong(0), s)
+        else:
+            where = (CudaMemLocation * 1)(loc(device))
+            first = (ctypes.c_size_t * 1)(0)
+            err = getattr(rt, name)(ptrs, sizes, ctypes.c_size_t(n), where, first,
+                                    ctypes.c_size_t(1), ctypes.c_ulonglong(0), s)
+        if err != 0:
+            raise RuntimeError(f"{name} failed: cudaError {err}")
+        side.synchronize()
+
+    def prefetch_each(pieces, device):
+        s = ctypes.c_void_p(side.cuda_stream)
+        for p in pieces:
+            err = rt.cudaMemPrefetchAsync(ctypes.c_void_p(p.data_ptr()),
+                                          ctypes.c_size_t(p.numel() * p.element_size()),
+                                          loc(device), ctypes.c_uint(0), s)
+            if err != 0:
+                raise RuntimeError(f"cudaMemPrefetchAsync failed: cudaError {err}")
+        side.synchronize()
+
+    def batch_variants(nbytes, count):
+        def pieces_on_cpu():
+            return list(managed_on_cpu(nbytes).chunk(count))
+
+        def pieces_on_gpu():
+            m = torch_uvm.manage_memory(torch.empty(nbytes // 2, dtype=torch.float16,
+                                                    device=dev))
+            m.fill_(1)
+            sync()
+            return list(m.chunk(count))
+        return {
+            "prefetch_to_gpu_one_call_each": (lambda ps: prefetch_each(ps, dev), pieces_on_cpu),
+            "prefetch_to_gpu_batch": (lambda ps: batch_call("cudaMemPrefetchBatchAsync", ps, dev),
+                                      pieces_on_cpu),
+            "migrate_to_cpu_one_call_each": (lambda ps: prefetch_each(ps, cpu), pieces_on_gpu),
+            "migrate_to_cpu_batch": (lambda ps: batch_call("cudaMemPrefetchBatchAsync", ps, cpu),
+                                     pieces_on_gpu),
+            # for dead data only (freed gradients, activations): contents lost
+            "discard_batch": (lambda ps: batch_call("cudaMemDiscardBatchAsync", ps),
+                              pieces_on_gpu),
+            "discard_and_prefetch_to_cpu_batch": (
+                lambda ps: batch_call("cudaMemDiscardAndPrefetchBatchAsync", ps, cpu),
+                pieces_on_gpu),
+        }
+
+    # --- copies between a managed CPU tensor and the GPU ----------------------
+    def copy_h2d_variants(nbytes):
+        n = nbytes // 4
+        dst = torch.empty(n, device=dev)
+        dst16 = torch.empty(n, dtype=torch.float16, device=dev)
+        pinned = torch.ones(n).pin_memory()
+
+        def src():
+            return managed_on_cpu(nbytes, torch.float32)
+        layers = 8
+        model = torch.nn.Sequential(*[torch.nn.Linear(1024, n // layers // 1024, bias=False)
+                                      for _ in range(layers)]).to(dev)
+
+        def state():
+            return {k: torch_uvm.manage_memory(torch.ones_like(v, device="cpu"))
+                    for k, v in model.state_dict().items()}
+        pinned_state = {k: torch.ones_like(v, device="cpu").pin_memory()
+                        for k, v in model.state_dict().items()}
+        return {
+            "pinned_copy": (lambda: dst.copy_(pinned), None),
+            "copy_stock": (stock(lambda m: dst.copy_(m)), src),
+            "copy_prefetch": (lambda m: dst.copy_(m), src),
+            "to_fp16_pinned": (lambda: pinned.to(dev, torch.float16), None),
+            "to_fp16_stock": (stock(lambda m: m.to(dev, torch.float16)), src),
+            "to_fp16_prefetch": (lambda m: m.to(dev, torch.float16), src),
+            "copy_fp16_prefetch": (lambda m: dst16.copy_(m), src),
+            "load_state_dict_pinned": (lambda: model.load_state_dict(pinned_state), None),
+            "load_state_dict_stock": (stock(lambda sd: model.load_state_dict(sd)), state),
+            "load_state_dict_prefetch": (lambda sd: model.load_state_dict(sd), state),
+        }
+
+    def copy_h2d_advice_variants(nbytes):
+        """Which of UVM-on's differences slows a prefetching copy: the CPU
+        segment's advice (preferred location CPU, accessed by the GPU) on the
+        source, or a managed destination."""
+        n = nbytes // 4
+        plain_dst = torch.empty(n, device=dev)
+        managed_dst = torch_uvm.manage_memory(torch.empty(n, device=dev))
+
+        def src(advised):
+            def prepare():
+                m = managed_on_cpu(nbytes, torch.float32)
+                if advised:
+                    _C.advise(m, "preferred_location", cpu)
+                    _C.advise(m, "accessed_by", dev)
+                sync()
+                return m
+            return prepare
+        return {
+            "copy_plain_dst": (lambda m: plain_dst.copy_(m), src(False)),
+            "copy_plain_dst_advised_src": (lambda m: plain_dst.copy_(m), src(True)),
+            "copy_managed_dst": (lambda m: managed_dst.copy_(m), src(False)),
+            "copy_managed_dst_advised_src": (lambda m: managed_dst.copy_(m), src(True)),
+            "prefetch_only_advised_src": (lambda m: _C.prefetch(m, dev, None), src(True)),
+            # residency by timing: HBM speed if the prefetch migrated
+            "read_after_prefetch_advised_src": (
+                lambda m: _C.alias_on_device(m, dev).sum(),
+                lambda: _prefetched(src(True))),
+            "read_after_prefetch_unadvised_src": (
+                lambda m: _C.alias_on_device(m, dev).sum(),
+                lambda: _prefetched(src(False))),
+            "prefetch_then_d2d_advised_src": (
+                lambda m: (_C.prefetch(m, dev, None),
+                           managed_dst.copy_(_C.alias_on_device(m, dev))), src(True)),
+        }
+
+    def copy_d2h_variants(nbytes):
+        n = nbytes // 4
+        pinned = torch.empty(n).pin_memory()
+        managed_dst = torch_uvm.manage_memory(torch.zeros(n))
+        pageable_dst = torch.zeros(n)
+        staging = [torch.empty(min(n, 16 * MiB // 4)).pin_memory() for _ in range(2)]
+        copy_stream = torch.cuda.Stream(dev)
+
+        def on_gpu():
+            m = torch.ones(n, device=dev)
+            sync()
+            return m
+
+        def staged(dst, m, chunk=16 * MiB // 4):
+            # a pinned copy of each piece, then a CPU copy into dst, pipelined
+            events = []
+            for i, start in enumerate(range(0, n, chunk)):
+                buf = staging[i % 2]
+                if i >= 2:
+                    events[i - 2][1].synchronize()   # buffer free again
+                k = min(chunk, n - start)
+                with torch.cuda.stream(copy_stream):
+                    buf[:k].copy_(m[start:start + k], non_blocking=True)
+                    e = torch.cuda.Event()
+                    e.record()
+                events.append((start, e, k))
+                if i >= 1:
+                    s0, e0, k0 = events[i - 1]
+                    e0.synchronize()
+                    dst[s0:s0 + k0].copy_(staging[(i - 1) % 2][:k0])
+            s0, e0, k0 = events[-1]
+            e0.synchronize()
+            dst[s0:s0 + k0].copy_(staging[(len(events) - 1) % 2][:k0])
+            return dst
+        return {
+            "to_pinned": (lambda m: pinned.copy_(m), on_gpu),
+            "to_managed_cpu_stock": (stock(lambda m: managed_dst.copy_(m)), on_gpu),
+            "to_managed_cpu_fast_copy": (lambda m: managed_dst.copy_(m), on_gpu),
+            "to_pageable_stock": (lambda m: pageable_dst.copy_(m), on_gpu),
+            "to_managed_cpu_staged_pinned": (lambda m: staged(managed_dst, m), on_gpu),
+            "to_pageable_staged_pinned": (lambda m: staged(pageable_dst, m), on_gpu),
         }
 
     groups = {}
@@ -212,6 +447,12 @@ def main():
     groups["evict 128 MiB"] = (128 * MiB, evict_variants(128 * MiB))
     for nbytes in (64 * MiB, 1 * GiB):
         groups[f"to_cpu {nbytes // MiB} MiB"] = (nbytes, to_cpu_variants(nbytes))
+    groups["batch 128 MiB in 64 ranges"] = (128 * MiB, batch_variants(128 * MiB, 64))
+    for nbytes in (64 * MiB, 1 * GiB):
+        groups[f"copy_h2d {nbytes // MiB} MiB"] = (nbytes, copy_h2d_variants(nbytes))
+    groups["copy_h2d_advice 256 MiB"] = (256 * MiB, copy_h2d_advice_variants(256 * MiB))
+    for nbytes in (1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 1 * GiB):
+        groups[f"copy_d2h {nbytes // MiB} MiB"] = (nbytes, copy_d2h_variants(nbytes))
 
     if args.only:
         groups = {g: v for g, v in groups.items()

@@ -33,14 +33,19 @@ def machine() -> dict:
 
 
 def interleaved(variants: List[str], rounds: int,
-                run: Callable[[str], Optional[dict]]) -> Dict[str, List[Optional[dict]]]:
+                run: Callable[[str], Optional[dict]],
+                after_round: Optional[Callable[[dict, int], None]] = None
+                ) -> Dict[str, List[Optional[dict]]]:
     """Runs A B C, A B C, ... `rounds` times; result[v][i] is round i's run of
-    v (None when it failed), so ratios pair runs of the same round."""
+    v (None when it failed), so ratios pair runs of the same round.
+    `after_round(result so far, rounds done)` runs after each round."""
     out: Dict[str, List[Optional[dict]]] = {v: [] for v in variants}
     for r in range(rounds):
         print(f"round {r + 1}/{rounds}", flush=True)
         for v in variants:
             out[v].append(run(v))
+        if after_round is not None:
+            after_round(out, r + 1)
     return out
 
 

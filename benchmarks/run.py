@@ -1,6 +1,7 @@
 """Runs every benchmark side by side and prints the tables.
 
     python benchmarks/run.py [--out benchmarks/results] [--only alloc,train,...]
+    python benchmarks/run.py --replot results.json --out DIR   # plots only
 
 Each round runs one fresh process per allocator (workloads.py), which runs
 that allocator's workloads in a fixed order, and the allocators one after
@@ -36,6 +37,9 @@ PLAN = {
     # 2 and 4 threads at once (run F) were slower: see results/.
     "moves_to_gpu": ["torch", "torch_uvm", "torch_uvm:async_prefetch:false"],
     "moves_to_cpu": ["torch", "torch_uvm"],
+    # copies between GPU and CPU tensors: pinned/pageable (UVM off) against
+    # managed CPU tensors with and without torch_uvm's fast copies
+    "copies": ["torch", "torch_uvm"],
     "faults": ["torch_uvm"],
     # Which segment unit suits managed memory: torch_uvm under several
     # small/large segment sizes (PYTORCH_UVM_ALLOC_CONF), training steps.
@@ -73,8 +77,9 @@ def run_one(allocator, workload):
     if p.returncode != 0:
         print(f"  FAILED {workload}/{allocator}:\n{p.stderr[-2000:]}", flush=True)
         return None
-    print(f"  done in {time.time() - t0:.0f} s", flush=True)
     lines = [json.loads(l) for l in p.stdout.strip().splitlines() if l.startswith("{")]
+    each = ", ".join(f"{l['workload']} {l['seconds']} s" for l in lines if "seconds" in l)
+    print(f"  done in {time.time() - t0:.0f} s" + (f" ({each})" if each else ""), flush=True)
     return {line.get("workload", workload): line["result"] for line in lines}
 
 
@@ -154,6 +159,14 @@ def report(results):
                 rows.append([human(size), name, f"{v['ms']:.2f}", f"{v['GBps']:.1f}"])
         out.append(table("4. Moves to the CPU, then a CPU read of all data",
                          ["size", "method", "ms", "GB/s"], rows))
+    cp = merged(results, "copies")
+    if cp:
+        rows = []
+        for size, methods in cp.items():
+            for name, v in sorted(methods.items()):
+                rows.append([human(size), name, f"{v['ms']:.2f}", f"{v['GBps']:.1f}"])
+        out.append(table("4b. Copies between the GPU and CPU tensors (blocking)",
+                         ["size", "direction, method", "ms", "GB/s"], rows))
     f = results.get("faults", {}).get("torch_uvm")
     if f:
         rows = [[k, f"{v['ms']:.2f}", f"{v['GBps']:.1f}"] for k, v in f.items()]
@@ -196,8 +209,9 @@ def plot(results, out_dir):
     g = merged(results, "moves_to_gpu")
     if g:
         fig, ax = plt.subplots(figsize=(7, 4))
-        sizes = list(g)
-        for name in g[sizes[0]]:
+        names = list(dict.fromkeys(n for per in g.values() for n in per))
+        for name in names:          # an anchor may skip sizes (pageable_copy)
+            sizes = [s for s in g if name in g[s]]
             ax.plot([human(s) for s in sizes], [g[s][name]["ready_ms"] for s in sizes],
                     marker="o", label=f"{name} (ready)")
             ax.plot([human(s) for s in sizes], [g[s][name]["call_ms"] for s in sizes],
@@ -208,6 +222,19 @@ def plot(results, out_dir):
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, "moves_to_gpu.png"))
+    c = merged(results, "copies")
+    if c:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        names = sorted(dict.fromkeys(n for per in c.values() for n in per))
+        for name in names:
+            sizes = [s for s in c if name in c[s]]
+            ax.plot([human(s) for s in sizes], [c[s][name]["GBps"] for s in sizes],
+                    marker="o", linestyle="-" if name.startswith("to_gpu") else "--", label=name)
+        ax.set_ylabel("GB/s (blocking copy)")
+        ax.set_title("Copies between the GPU and CPU tensors")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "copies.png"))
 
 
 def median_result(results):
@@ -257,22 +284,40 @@ def comparisons(runs):
             for name in next((r[size] for r in g.get(allocator, []) if r), {}):
                 out[f"moves_to_gpu {human(size)}: {name} data ready / pinned copy"] = method.ratio(
                     leaf(g[allocator], size, name, "ready_ms"), pinned, target=1.1)
+                # a blocking move may hold the caller; a non-blocking one may not
                 out[f"moves_to_gpu {human(size)}: {name} call / pinned data ready"] = method.ratio(
-                    leaf(g[allocator], size, name, "call_ms"), pinned, target=0.05)
+                    leaf(g[allocator], size, name, "call_ms"), pinned,
+                    target=0.05 if name == "torch_uvm" else None)
     c = runs.get("moves_to_cpu", {})
     for size in next((r for r in c.get("torch_uvm", []) if r), {}) or {}:
         gbps = leaf(c["torch_uvm"], size, "torch_uvm", "GBps")
         out[f"moves_to_cpu {human(size)}: torch_uvm GB/s, then a CPU read"] = method.ratio(
             gbps, [1.0] * len(gbps), target=20, lower_is_better=False)
+    cp = runs.get("copies", {})
+    for size in next((r for r in cp.get("torch_uvm", []) if r), {}) or {}:
+        if int(size) < 64 * MiB:
+            continue          # the target is for 64 MiB - 1 GiB
+        for way in ("to_gpu", "to_cpu"):
+            out[f"copies {human(size)} {way}: torch_uvm GB/s / pinned copy GB/s"] = method.ratio(
+                leaf(cp["torch_uvm"], size, f"{way} torch_uvm", "GBps"),
+                leaf(cp["torch"], size, f"{way} pinned_copy", "GBps"),
+                target=1.0, lower_is_better=False)
     return out
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
-    parser.add_argument("--only", default=",".join(PLAN))
+    # segments (which segment unit suits managed memory) is asked for by name
+    parser.add_argument("--only", default=",".join(w for w in PLAN if w != "segments"))
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--replot", metavar="RESULTS_JSON",
+                        help="only draw the plots of an earlier run into --out")
     args = parser.parse_args()
+    if args.replot:
+        with open(args.replot) as f:
+            plot(json.load(f)["medians"], args.out)
+        return
     os.makedirs(args.out, exist_ok=True)
     workloads = args.only.split(",")
     # an anchor whose package is not installed (RMM on the GPU machines) is
@@ -282,26 +327,37 @@ def main():
     for a in sorted(missing):
         print(f"  {a}: package '{OPTIONAL[a]}' not installed; its rows are left empty")
     allocators = list(dict.fromkeys(a for w in workloads for a in PLAN[w] if a not in missing))
-    # A B A B ...: each round, one fresh process per allocator runs its workloads
-    flat = method.interleaved(allocators, args.rounds, lambda a: run_group(
-        a, [w for w in workloads if a in PLAN[w]]))
-    runs = {w: {a: [(r or {}).get(w) for r in flat[a]] if a in flat else [None] * args.rounds
+    # A B A B ...: each round, one fresh process per allocator runs its
+    # workloads. The files are written after every round, so a run cut short
+    # keeps what it measured.
+    flat = method.interleaved(
+        allocators, args.rounds,
+        lambda a: run_group(a, [w for w in workloads if a in PLAN[w]]),
+        after_round=lambda done, r: write_all(args, workloads, done, r,
+                                              final=r == args.rounds))
+
+
+def write_all(args, workloads, flat, rounds_done, final):
+    runs = {w: {a: [(r or {}).get(w) for r in flat[a]] if a in flat else [None] * rounds_done
                 for a in PLAN[w]} for w in workloads}
     results = {w: {a: median_result(rs) for a, rs in per.items()} for w, per in runs.items()}
     compared = comparisons(runs)
     m = method.machine()
     header = (f"GPU: {m.get('gpu')}; driver {m.get('driver')}; torch {m.get('torch')}; "
               f"CUDA {m.get('cuda')}; {m['date']}\n"
-              f"Command: python benchmarks/run.py --only {args.only} --rounds {args.rounds}\n")
+              f"Command: python benchmarks/run.py --only {args.only} --rounds {args.rounds}"
+              f"{'' if final else f' (cut short: {rounds_done} rounds done)'}\n")
     method.write(os.path.join(args.out, "results.json"), compared, runs=runs, medians=results)
     rows = "\n".join(method.describe(name, summary) for name, summary in compared.items())
     text = (header + "\n" + report(results) + "\n### Ratios, each round's runs paired "
-            f"({args.rounds} rounds)\n\n| ratio | median (min–max, n) | target | |\n"
+            f"({rounds_done} rounds)\n\n| ratio | median (min–max, n) | target | |\n"
             "|---|---|---|---|\n" + rows + "\n")
-    print(text)
+    if final:
+        print(text)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(text)
-    plot(results, args.out)
+    if final:
+        plot(results, args.out)
 
 
 if __name__ == "__main__":

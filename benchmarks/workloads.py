@@ -113,7 +113,7 @@ def segments(allocator):
     return out
 
 
-def train_one(make, steps=50):
+def train_one(make, steps=50, warmup=10):
     torch.manual_seed(0)
     model, batch = make()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
@@ -124,17 +124,16 @@ def train_one(make, steps=50):
         loss.backward()
         opt.step()
         torch.cuda.synchronize()
-    return median_us(step, steps, warmup=10) / 1e3  # ms
+    return median_us(step, steps, warmup=warmup) / 1e3  # ms
 
 
 def train(allocator):
-    # 200 steps a process: with 50, five processes a side gave ratios spread
-    # over 0.99-1.36 (benchmarks/results/2026-11-23-h100-s5-run_train_moves_to_cpu.md).
-    # raw_managed, 5-15x slower, keeps 50.
-    steps = 50 if allocator == "raw_managed" else 200
+    # 100 steps a process, and the ratio is taken over five processes a side
+    # (one per round). The anchors run fewer: raw_managed is 5-30x slower.
+    steps, warmup = {"raw_managed": (5, 2), "rmm": (30, 5)}.get(allocator, (100, 10))
     out = {}
     for name, make in (("mlp", mlp), ("transformer", transformer), ("resnet18", resnet18)):
-        out[name] = train_one(make, steps)
+        out[name] = train_one(make, steps, warmup)
     return out
 
 
@@ -147,14 +146,16 @@ def uvm_variant():
 def moves_to_gpu(allocator):
     """Host time of the call and time until a kernel has read everything."""
     out = {}
-    for n in (MiB, 64 * MiB, 1024 * MiB):
-        reps = 7 if n >= 1024 * MiB else 20
+    for n in (MiB, 16 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB, 2048 * MiB):
+        reps = 4 if n >= 1024 * MiB else 8
         res = {}
         variants = {}
         if allocator == "torch_uvm":
             import torch_uvm
             src = torch.empty(n // 4)  # managed, CPU home
             variants[uvm_variant()] = (src, lambda s=src: s.to("cuda", non_blocking=True))
+            if not os.environ.get("PYTORCH_UVM_ALLOC_CONF"):
+                variants["torch_uvm blocking"] = (src, lambda s=src: s.to("cuda"))
             if "async_prefetch:false" in os.environ.get("PYTORCH_UVM_ALLOC_CONF", ""):
                 def naive(src=src):
                     torch_uvm.set_move_advice(True)
@@ -166,8 +167,9 @@ def moves_to_gpu(allocator):
         else:
             pinned = torch.empty(n // 4).pin_memory()
             variants["pinned_copy"] = (pinned, lambda p=pinned: p.to("cuda", non_blocking=True))
-            pageable = torch.empty(n // 4)
-            variants["pageable_copy"] = (pageable, lambda p=pageable: p.to("cuda"))
+            if n <= 256 * MiB:   # 6-8x slower: an anchor, not worth seconds more
+                pageable = torch.empty(n // 4)
+                variants["pageable_copy"] = (pageable, lambda p=pageable: p.to("cuda"))
         for name, (src, fn) in variants.items():
             call, ready, ready_sleeping = [], [], []
             # The host waits two ways: spinning (torch.cuda.synchronize, the
@@ -207,7 +209,10 @@ def moves_to_cpu(allocator):
         res = {}
         if allocator == "torch_uvm":
             src = torch.empty(n // 4, device="cuda")
-            variants = {uvm_variant(): (src, lambda s=src: s.to("cpu"))}
+            buf = torch.zeros(n // 4)    # a CPU tensor whose pages exist
+            variants = {uvm_variant(): (src, lambda s=src: s.to("cpu")),
+                        # not a move: a copy into it (staged through pinned buffers)
+                        "torch_uvm copy into a CPU tensor": (src, lambda s=src, b=buf: b.copy_(s))}
         else:
             src = torch.empty(n // 4, device="cuda")
             pinned = torch.empty(n // 4).pin_memory()
@@ -217,7 +222,7 @@ def moves_to_cpu(allocator):
             }
         for name, (s, fn) in variants.items():
             times = []
-            for _ in range(reps):
+            for _ in range(3 if name == "pageable_copy" else reps):
                 s.fill_(1.0)            # on the GPU: pages device-resident
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
@@ -232,6 +237,65 @@ def moves_to_cpu(allocator):
     return out
 
 
+def copies(allocator):
+    """GB/s of copies between the GPU and CPU tensors, blocking, both ways:
+    with UVM off, from and into pinned and pageable memory; with UVM on,
+    from and into managed CPU tensors (a state dict, a CPU buffer), with
+    torch_uvm's fast copies and with PyTorch's (set_fast_copy(False))."""
+    out = {}
+    for n in (4 * MiB, 64 * MiB, 1024 * MiB):
+        gpu = torch.ones(n // 4, device="cuda")
+        if allocator == "torch_uvm":
+            import torch_uvm
+            host = torch.ones(n // 4)              # managed, CPU-resident
+
+            def fast(fn, on):
+                def run():
+                    torch_uvm.set_fast_copy(on)
+                    try:
+                        fn()
+                    finally:
+                        torch_uvm.set_fast_copy(True)
+                return run
+
+            def on_cpu(fn):
+                host.fill_(1.0)                    # the pages back on the CPU
+                torch.cuda.synchronize()
+                return fn
+            variants = {
+                "to_gpu torch_uvm": lambda: on_cpu(fast(lambda: gpu.copy_(host), True)),
+                "to_gpu torch_uvm[fast_copy off]":
+                    lambda: on_cpu(fast(lambda: gpu.copy_(host), False)),
+                "to_cpu torch_uvm": lambda: on_cpu(fast(lambda: host.copy_(gpu), True)),
+                "to_cpu torch_uvm[fast_copy off]":
+                    lambda: on_cpu(fast(lambda: host.copy_(gpu), False)),
+            }
+        else:
+            pinned = torch.ones(n // 4).pin_memory()
+            pageable = torch.ones(n // 4)
+            variants = {
+                "to_gpu pinned_copy": lambda: (lambda: gpu.copy_(pinned)),
+                "to_gpu pageable_copy": lambda: (lambda: gpu.copy_(pageable)),
+                "to_cpu pinned_copy": lambda: (lambda: pinned.copy_(gpu)),
+                "to_cpu pageable_copy": lambda: (lambda: pageable.copy_(gpu)),
+            }
+        res = {}
+        for name, prepare in variants.items():
+            times = []
+            for _ in range(4 if n >= 1024 * MiB else 7):
+                fn = prepare()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn()
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - t0)
+            t = statistics.median(times)
+            res[name] = {"ms": t * 1e3, "GBps": n / t / 1e9}
+        out[str(n)] = res
+        del gpu
+    return out
+
+
 def faults(allocator):
     """First kernel over host-resident managed data: page faults vs prefetch."""
     import torch_uvm
@@ -239,7 +303,7 @@ def faults(allocator):
     res = {}
     for mode in ("page_faults", "prefetch", "read_mostly_prefetch", "device_resident"):
         times = []
-        for _ in range(5):
+        for _ in range(3):
             y = torch.empty(n // 4, device="cuda")
             x = y.to("cpu")            # zero-copy, migrated to the host
             x.fill_(1.0)
@@ -270,6 +334,7 @@ if __name__ == "__main__":
     if allocator != "cupy":
         setup(allocator)
     for workload in workloads:
+        t0 = time.perf_counter()
         result = globals()[workload](allocator)
-        print(json.dumps({"allocator": allocator, "workload": workload, "result": result}),
-              flush=True)
+        print(json.dumps({"allocator": allocator, "workload": workload, "result": result,
+                          "seconds": round(time.perf_counter() - t0, 1)}), flush=True)

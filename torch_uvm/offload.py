@@ -301,27 +301,41 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
         raise ValueError(f"torch_uvm: a budget of {budget} bytes is above {device}'s residency "
                          f"limit ({limit} bytes): raise the limit (set_residency_limit) or "
                          f"lower the budget")
-    # Nothing above changed the module; from here on, all of it is applied.
-    originals, units, handles = {}, [], []
-    shared: Dict[int, tuple] = {}     # id(tensor) -> (its replacement, _Range): tied weights
+    meta = [f"{name}.{tname}" for name, _, own, _ in plan for tname, t, _ in own if t.is_meta]
+    if meta:
+        raise ValueError(f"torch_uvm: offload needs the weights' values, and {', '.join(meta[:3])}"
+                         f"{' ...' if len(meta) > 3 else ''} are on the meta device. Load them "
+                         f"first (load_state_dict(..., assign=True) or to_empty + load)")
+    # Phase 1 makes every replacement and changes nothing in the module, so
+    # a failure here (out of memory, say) leaves it as it was.
+    shared: Dict[int, tuple] = {}     # id(tensor) -> (its replacement, _Range or None): tied
     with torch.no_grad():
-        for name, m, own, _ in plan:
-            ranges = []
-            for tname, t, kind in own:
-                if id(t) not in shared:
+        for _, _, own, _ in plan:
+            for _, t, kind in own:
+                if id(t) in shared:
+                    continue
+                if t.numel() == 0:    # no memory to manage: it just moves
+                    seen, r = t.detach().to(device), None
+                else:
                     managed = t.detach() if _C.is_managed(t) else \
                         _C.manage_memory(t.detach().to("cpu"))
                     seen = _C.alias_on_device(managed, device) \
                         if managed.device != device else managed
-                    if kind == "param":
-                        seen = torch.nn.Parameter(seen, requires_grad=t.requires_grad)
-                    shared[id(t)] = (seen, _Range(managed, owned=True))
-                seen, r = shared[id(t)]
-                originals[(m, tname, kind)] = t
-                (m._parameters if kind == "param" else m._buffers)[tname] = seen
-                if all(x is not r for x in ranges):
-                    ranges.append(r)
-            units.append(_Unit(name, m, ranges))
+                    r = _Range(managed, owned=True)
+                if kind == "param":
+                    seen = torch.nn.Parameter(seen, requires_grad=t.requires_grad)
+                shared[id(t)] = (seen, r)
+    # Phase 2 puts them in: dictionary stores, which cannot fail half-way.
+    originals, units, handles = {}, [], []
+    for name, m, own, _ in plan:
+        ranges = []
+        for tname, t, kind in own:
+            seen, r = shared[id(t)]
+            originals[(m, tname, kind)] = t
+            (m._parameters if kind == "param" else m._buffers)[tname] = seen
+            if r is not None and all(x is not r for x in ranges):
+                ranges.append(r)
+        units.append(_Unit(name, m, ranges))
     handle = Offloaded(module, device, budget, ahead, mode, units, handles, originals)
     handles.append(module.register_forward_pre_hook(
         lambda _m, args, kwargs: handle._begin(args, kwargs), with_kwargs=True))

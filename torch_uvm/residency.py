@@ -43,6 +43,7 @@ _RANGES: Dict[int, "_Range"] = {}       # address -> what is streamed there
 _ADVISED: Dict[int, int] = {}
 _ENVIRONMENT_APPLIED: set = set()
 _DISCARDED: Dict[int, List[int]] = {}   # device -> [count, bytes] of dead ranges forgotten
+_DIED: List[int] = []                   # addresses of tracked tensors that died, to sweep
 
 
 class _Range:
@@ -62,7 +63,9 @@ class _Range:
         self.device: Optional[torch.device] = None
         self.owned = owned
         self.read_mostly = False
-        self.alive = weakref.ref(tensor) if track else None
+        # the callback only notes the address: _sweep_dead does the rest
+        self.alive = weakref.ref(tensor, lambda _, a=self.address: _DIED.append(a)) \
+            if track else None
 
 
 def _range_for(tensor: torch.Tensor, track: bool = False) -> _Range:
@@ -194,12 +197,15 @@ def _drop_copy(r: _Range) -> None:
     _C.advise(r.tensor, "read_mostly", None)
 
 
-def _sweep_dead(device: torch.device) -> None:
-    """Forget the ranges whose tensor died: nothing to keep, nothing to move."""
-    dead = [r for r in _RANGES.values() if r.alive is not None and r.alive() is None]
-    for r in dead:
-        if _BUDGET.is_resident(device.index, r.address):
-            counts = _DISCARDED.setdefault(device.index, [0, 0])
+def _sweep_dead(device: Optional[torch.device] = None) -> None:
+    """Forget the ranges whose tensor died: nothing to keep, nothing to move.
+    Only the addresses noted dead are looked at, not every range."""
+    while _DIED:
+        r = _RANGES.get(_DIED.pop())
+        if r is None or r.alive is None or r.alive() is not None:
+            continue      # never registered, or a live tensor took the address
+        if r.device is not None and _BUDGET.is_resident(r.device.index, r.address):
+            counts = _DISCARDED.setdefault(r.device.index, [0, 0])
             counts[0] += 1
             counts[1] += r.nbytes
         _BUDGET.forget(r.address)

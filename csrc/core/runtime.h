@@ -52,10 +52,11 @@ class Runtime {
   virtual void stream_wait_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) = 0;
   virtual void stream_write_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) = 0;
 
-  // Copies `bytes` (any direction managed memory allows), ordered on
-  // `stream`; with `synchronous`, returns once the copy is done.
+  // Copies `bytes` (any direction managed memory allows, or as `kind`
+  // says), ordered on `stream`; with `synchronous`, returns once the copy
+  // is done.
   virtual void copy(void* dst, const void* src, std::size_t bytes, StreamRef stream,
-                    bool synchronous) = 0;
+                    bool synchronous, CopyKind kind) = 0;
   // Lets `device` read and write `peer`'s memory directly. A no-op where it
   // already can, or never can.
   virtual void enable_peer_access(DeviceIndex device, DeviceIndex peer) = 0;

@@ -37,6 +37,14 @@ constexpr StreamRef kHostStream{kCpuDevice, 0};
 using PoolId = std::pair<std::uint64_t, std::uint64_t>;
 constexpr PoolId kDefaultPool{0, 0};
 
+// What a copy's driver call is told about its pointers. kAny lets the
+// driver look (cudaMemcpyDefault); kDeviceToDevice says both are read and
+// written on a GPU. A managed range whose preferred location is the CPU is
+// copied by the driver like host memory under kAny: 3 GB/s after it was
+// prefetched to the GPU, against HBM speed as device to device (measured on
+// an H100, benchmarks/results/*-s6-*.md).
+enum class CopyKind { kAny, kDeviceToDevice };
+
 // The hints of cudaMemAdvise / hipMemAdvise.
 enum class Advice {
   kSetReadMostly,

@@ -4,6 +4,7 @@
 
 #include "core/config.h"
 #include "core/residency.h"
+#include "torch/managed_allocator.h"
 #include "torch/managed_tensor.h"
 #include "torch/forked_worker_memory.h"
 #include "torch/state.h"
@@ -58,13 +59,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("move_on_copy", &move_on_copy);
   m.def("set_move_advice", &set_move_advice);
   m.def("move_advice", &move_advice);
+  m.def("set_fast_copy", &set_fast_copy);
+  m.def("fast_copy", &fast_copy);
   m.def("is_managed", &is_managed);
   m.def("manage_memory", &manage_memory);
   m.def("unmanage_memory", &unmanage_memory);
   m.def("adopt_copy_in_forked_child", &adopt_copy_in_forked_child);
   m.def("alias_on_device", [](const at::Tensor& t, const py::object& device) {
     TORCH_CHECK(is_managed(t), "torch_uvm: only a managed tensor can be seen on another device");
-    return alias_on_device(t, device.cast<c10::Device>());
+    return alias_on_device(t, with_index(device.cast<c10::Device>()));  // "cuda": the current GPU
   });
   // The residency budget's policy (core/residency.h); torch_uvm/residency.py
   // carries out the evictions it returns.

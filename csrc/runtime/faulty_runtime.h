@@ -55,8 +55,8 @@ class FaultyRuntime : public Runtime {
   void stream_wait_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) override;
   void stream_write_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) override;
   void copy(void* dst, const void* src, std::size_t bytes, StreamRef stream,
-            bool synchronous) override {
-    inner_->copy(dst, src, bytes, stream, synchronous);
+            bool synchronous, CopyKind kind) override {
+    inner_->copy(dst, src, bytes, stream, synchronous, kind);
   }
   void enable_peer_access(DeviceIndex device, DeviceIndex peer) override {
     inner_->enable_peer_access(device, peer);

@@ -61,7 +61,9 @@ inline gpuError_t gpuMemPrefetchTo(const void* p, size_t n, int device,
 #define gpuHostAllocFlag(p, n) \
   hipHostMalloc((p), (n), hipHostMallocMapped | hipHostMallocPortable)
 #define gpuFreeHost hipHostFree
-#define gpuMemcpyAsync(d, s, n, st) hipMemcpyAsync((d), (s), (n), hipMemcpyDefault, (st))
+#define gpuMemcpyAsync hipMemcpyAsync
+#define gpuMemcpyDefault hipMemcpyDefault
+#define gpuMemcpyDeviceToDevice hipMemcpyDeviceToDevice
 #define gpuDeviceEnablePeerAccess(peer) hipDeviceEnablePeerAccess((peer), 0)
 constexpr gpuError_t gpuErrorPeerAccessAlreadyEnabled = hipErrorPeerAccessAlreadyEnabled;
 #define gpuDeviceCanAccessPeer hipDeviceCanAccessPeer
@@ -152,7 +154,9 @@ inline gpuError_t gpuMemPrefetchTo(const void* p, size_t n, int device,
 #define gpuHostAllocFlag(p, n) \
   cudaHostAlloc((p), (n), cudaHostAllocMapped | cudaHostAllocPortable)
 #define gpuFreeHost cudaFreeHost
-#define gpuMemcpyAsync(d, s, n, st) cudaMemcpyAsync((d), (s), (n), cudaMemcpyDefault, (st))
+#define gpuMemcpyAsync cudaMemcpyAsync
+#define gpuMemcpyDefault cudaMemcpyDefault
+#define gpuMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
 #define gpuDeviceEnablePeerAccess(peer) cudaDeviceEnablePeerAccess((peer), 0)
 constexpr gpuError_t gpuErrorPeerAccessAlreadyEnabled = cudaErrorPeerAccessAlreadyEnabled;
 #define gpuDeviceCanAccessPeer cudaDeviceCanAccessPeer

@@ -174,9 +174,12 @@ void GpuRuntime::stream_write_flag(StreamRef stream, FlagHandle flag, std::uint3
 }
 
 void GpuRuntime::copy(void* dst, const void* src, std::size_t bytes, StreamRef stream,
-                      bool synchronous) {
+                      bool synchronous, CopyKind kind) {
   on_device(stream.device, [&] {
-    GPU_CHECK(gpuMemcpyAsync(dst, src, bytes, native_stream(stream)));
+    GPU_CHECK(gpuMemcpyAsync(dst, src, bytes,
+                             kind == CopyKind::kDeviceToDevice ? gpuMemcpyDeviceToDevice
+                                                               : gpuMemcpyDefault,
+                             native_stream(stream)));
     if (synchronous) GPU_CHECK(gpuStreamSynchronize(native_stream(stream)));
     return 0;
   });

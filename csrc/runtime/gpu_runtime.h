@@ -30,7 +30,7 @@ class GpuRuntime : public Runtime {
   void stream_wait_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) override;
   void stream_write_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) override;
   void copy(void* dst, const void* src, std::size_t bytes, StreamRef stream,
-            bool synchronous) override;
+            bool synchronous, CopyKind kind) override;
   void enable_peer_access(DeviceIndex device, DeviceIndex peer) override;
   DeviceIndex stream_device(std::uintptr_t handle, DeviceIndex fallback) override;
   int device_count() override;

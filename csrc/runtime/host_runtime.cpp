@@ -190,7 +190,8 @@ void HostRuntime::synchronize_event(EventHandle event) {
 
 void HostRuntime::stream_wait_event(StreamRef, EventHandle) {}
 
-void HostRuntime::copy(void* dst, const void* src, std::size_t bytes, StreamRef, bool) {
+void HostRuntime::copy(void* dst, const void* src, std::size_t bytes, StreamRef, bool,
+                       CopyKind) {
   std::memmove(dst, src, bytes);
 }
 

@@ -57,7 +57,7 @@ class HostRuntime : public Runtime {
   void stream_wait_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) override;
   void stream_write_flag(StreamRef stream, FlagHandle flag, std::uint32_t value) override;
   void copy(void* dst, const void* src, std::size_t bytes, StreamRef stream,
-            bool synchronous) override;
+            bool synchronous, CopyKind kind) override;
   void enable_peer_access(DeviceIndex, DeviceIndex) override {}
   // Host streams carry no device: the fallback always stands.
   DeviceIndex stream_device(std::uintptr_t, DeviceIndex fallback) override { return fallback; }

@@ -99,7 +99,7 @@ void CudaAllocator::copy_data(void* dest, const void* src, std::size_t count) co
   translate_errors([&] {
     core_.runtime().copy(dest, src, count,
                          stream_ref(device, c10::cuda::getCurrentCUDAStream(device).stream()),
-                         /*synchronous=*/true);
+                         /*synchronous=*/true, CopyKind::kAny);
   });
 }
 
@@ -165,15 +165,17 @@ void CudaAllocator::enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_
   translate_errors([&] { core_.runtime().enable_peer_access(dev, dev_to_access); });
 }
 
-cudaError_t CudaAllocator::memcpyAsync(void* dst, int, const void* src, int src_device,
-                                       size_t count, cudaStream_t stream, bool) {
+cudaError_t CudaAllocator::memcpyAsync(void* dst, int dst_device, const void* src,
+                                       int src_device, size_t count, cudaStream_t stream, bool) {
   // Managed memory is one address space: a plain copy works between any two
-  // devices, with or without peer access.
+  // devices, with or without peer access. PyTorch asks this for copies
+  // between GPU tensors only: on one GPU, the driver is told so (CopyKind).
   translate_errors([&] {
     auto device = static_cast<DeviceIndex>(
         core_.runtime().stream_device(reinterpret_cast<std::uintptr_t>(stream), src_device));
     core_.runtime().copy(dst, src, count, {device, reinterpret_cast<std::uintptr_t>(stream)},
-                         /*synchronous=*/false);
+                         /*synchronous=*/false,
+                         dst_device == src_device ? CopyKind::kDeviceToDevice : CopyKind::kAny);
   });
   return cudaSuccess;
 }

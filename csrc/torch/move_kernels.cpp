@@ -4,8 +4,8 @@
 // changes only the device, the kernel below returns a tensor of the new device
 // over the same memory (alias_on_device), marks the allocation as used on the
 // target's stream (so it is not reused while kernels there may read it) and
-// schedules a prefetch that the target's stream waits for (from the CPU, a
-// worker thread issues it: prefetch_advise.h); a move to the CPU then waits
+// schedules a prefetch that the target's stream waits for (from the CPU and
+// non-blocking, a worker thread issues it: prefetch_advise.h); a move to the CPU then waits
 // for the source's stream unless non_blocking. Anything else (a dtype, layout or memory format
 // change, copy=True, set_move_on_copy(False)) copies as PyTorch does.
 //
@@ -102,10 +102,13 @@ at::Tensor move(const at::Tensor& self, at::Device target, bool non_blocking) {
     // No prefetch or advice during a graph capture: neither can be captured.
     if (bytes == 0 || !managed_hints_supported() || capture_underway()) return;
     if (g_move_advice) a.runtime().advise(ptr, bytes, Advice::kSetPreferredLocation, to_index(target));
-    // From the CPU, nothing on a GPU may still be writing the pages: the
-    // prefetch can leave this thread. Otherwise it is ordered on `stream`.
+    // From the CPU, nothing on a GPU may still be writing the pages: a
+    // non-blocking move hands the prefetch to a worker and returns. A
+    // blocking one issues it here: the data is ready sooner (table 3 of
+    // benchmarks/results), and the caller asked to wait. Otherwise it is
+    // ordered on `stream`.
     schedule_prefetch(ptr, bytes, to_index(target), stream,
-                      /*off_thread=*/self.device().is_cpu());
+                      /*off_thread=*/self.device().is_cpu() && non_blocking);
   });
   if (target.is_cpu() && !non_blocking) {
     c10::cuda::getCurrentCUDAStream(self.device().index()).synchronize();

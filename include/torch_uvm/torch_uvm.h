@@ -39,6 +39,11 @@ bool move_on_copy();
 // per populated GiB, and the segment's advice plus a prefetch suffice).
 void set_move_advice(bool on);
 bool move_advice();
+// Whether copies between managed CPU tensors and GPUs take the fast paths
+// (default on): to a GPU, the source is prefetched there and copied on it;
+// into a managed CPU tensor, large copies go through pinned buffers.
+void set_fast_copy(bool on);
+bool fast_copy();
 
 bool is_managed(const at::Tensor& t);
 // A managed copy with the same device, dtype, shape and strides.

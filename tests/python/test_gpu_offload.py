@@ -1,10 +1,11 @@
 """Larger than the GPU: the residency budget, offload, prefetching iterators,
 prefetch_on_alloc (issue 10). Sizes stay at a few hundred MiB: "larger than
 the GPU" means larger than the budget."""
+import copy
+import weakref
+
 import pytest
 import torch
-
-import weakref
 
 from conftest import (LAST_PREFETCH_LOCATION, PREFERRED_LOCATION, READ_MOSTLY, gpu,
                       range_attribute, run_python)
@@ -100,6 +101,46 @@ def test_offload_bad_input_changes_nothing(uvm, budget):
         with torch.cuda.graph(g):
             uvm.offload(small)
     assert getattr(small, "_torch_uvm_offloaded", None) is None
+
+
+def test_offload_failing_half_way_leaves_the_module_as_it_was(uvm, budget, monkeypatch):
+    model = make_model(layers=4)
+    params = list(model.parameters())
+    made = []
+
+    # UVM is on: the CPU weights are managed already, and each is seen on
+    # the GPU through alias_on_device; the third fails
+    def alias_twice_then_fail(t, device, real=uvm._C.alias_on_device):
+        if len(made) == 2:
+            raise RuntimeError("injected: out of managed memory")
+        made.append(t)
+        return real(t, device)
+    monkeypatch.setattr(uvm._C, "alias_on_device", alias_twice_then_fail)
+    with pytest.raises(RuntimeError, match="injected"):
+        uvm.offload(model)
+    assert len(made) == 2
+    assert all(a is b for a, b in zip(model.parameters(), params))
+    assert getattr(model, "_torch_uvm_offloaded", None) is None
+    monkeypatch.undo()
+    uvm.offload(model).undo()                             # and it can be offloaded later
+
+
+def test_offload_refuses_meta_weights_and_moves_empty_ones(uvm, budget):
+    meta = torch.nn.Linear(64, 64, device="meta")
+    with pytest.raises(ValueError, match="meta device"):
+        uvm.offload(meta)
+    assert meta.weight.is_meta and getattr(meta, "_torch_uvm_offloaded", None) is None
+    model = make_model(layers=2)
+    model[0].register_buffer("empty", torch.empty(0))
+    x = torch.randn(4, 2048, device="cuda")
+    with torch.no_grad():
+        want = copy.deepcopy(model).cuda()(x)
+    handle = uvm.offload(model)
+    with torch.no_grad():
+        out = model(x)
+    assert model[0].empty.is_cuda and model[0].empty.numel() == 0
+    assert torch.equal(out, want)
+    handle.undo()
 
 
 def test_prefetching_streams_batches_within_the_budget(uvm, budget):

@@ -4,6 +4,7 @@ make_graphed_callables, torch.compile(mode="reduce-overhead"), cuDNN's
 benchmark mode, memory fractions, aliases autograd can see, resize_ and out=
 on moved tensors, the refusal of CUDA IPC, and CUDA contexts only where used.
 Skipped without a GPU."""
+import gc
 import os
 import pickle
 import subprocess
@@ -20,6 +21,9 @@ MiB = 1 << 20
 
 
 def _fresh(uvm):
+    # Earlier tests' tensors held by reference cycles (offload handles, hooks,
+    # tracebacks) would keep their segments: collect them first.
+    gc.collect()
     torch.cuda.synchronize()
     uvm.empty_cache()
 
@@ -100,6 +104,8 @@ def test_snapshot_and_history_in_pytorchs_format(uvm, tmp_path):
         x = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
         y = torch.empty(1000, device="cuda")
         del y
+        # larger than any segment earlier tests may have left: a new one
+        z = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
         snap = torch.cuda.memory._snapshot()
         path = tmp_path / "snap.pickle"
         torch.cuda.memory._dump_snapshot(str(path))
@@ -121,7 +127,7 @@ def test_snapshot_and_history_in_pytorchs_format(uvm, tmp_path):
     actions = [(e["action"], e["addr"]) for e in trace]
     assert ("alloc", x.data_ptr()) in actions
     assert any(a == "free_requested" for a, _ in actions)
-    assert any(a == "segment_alloc" for a, _ in actions)
+    assert ("segment_alloc", z.data_ptr()) in actions
     # The pickle loads back with the same segments, and PyTorch's own
     # visualizer code reads it.
     with open(path, "rb") as f:
