@@ -281,6 +281,12 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     if budget > _C.memory_cap():
         raise ValueError(f"a budget of {budget} bytes is above the managed memory cap "
                          f"({_C.memory_cap()} bytes)")
+    meta = [f"{name}.{tname}" if name else tname for name, m in module.named_modules()
+            for tname, t, _ in _direct_tensors(m) if t.is_meta]
+    if meta:
+        raise ValueError(f"torch_uvm: offload needs the weights' values, and {', '.join(meta[:3])}"
+                         f"{' ...' if len(meta) > 3 else ''} are on the meta device. Load them "
+                         f"first (load_state_dict(..., assign=True) or to_empty + load)")
     plan = []
     for name, m in module.named_modules():
         own = list(_direct_tensors(m))
@@ -301,11 +307,6 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
         raise ValueError(f"torch_uvm: a budget of {budget} bytes is above {device}'s residency "
                          f"limit ({limit} bytes): raise the limit (set_residency_limit) or "
                          f"lower the budget")
-    meta = [f"{name}.{tname}" for name, _, own, _ in plan for tname, t, _ in own if t.is_meta]
-    if meta:
-        raise ValueError(f"torch_uvm: offload needs the weights' values, and {', '.join(meta[:3])}"
-                         f"{' ...' if len(meta) > 3 else ''} are on the meta device. Load them "
-                         f"first (load_state_dict(..., assign=True) or to_empty + load)")
     # Phase 1 makes every replacement and changes nothing in the module, so
     # a failure here (out of memory, say) leaves it as it was.
     shared: Dict[int, tuple] = {}     # id(tensor) -> (its replacement, _Range or None): tied

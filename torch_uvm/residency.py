@@ -64,7 +64,7 @@ class _Range:
         self.owned = owned
         self.read_mostly = False
         # the callback only notes the address: _sweep_dead does the rest
-        self.alive = weakref.ref(tensor, lambda _, a=self.address: _DIED.append(a)) \
+        self.alive = weakref.ref(tensor, lambda _, a=self.address, note=_DIED.append: note(a)) \
             if track else None
 
 
@@ -81,10 +81,8 @@ def _range_for(tensor: torch.Tensor, track: bool = False) -> _Range:
 
 
 def _span_bytes(t: torch.Tensor) -> int:
-    if t.numel() == 0:
-        return 0
-    extent = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
-    return extent * t.element_size()
+    """The bytes `t`'s elements span: what a prefetch of it moves."""
+    return _C.span_bytes(t)
 
 
 def _cuda(device) -> torch.device:

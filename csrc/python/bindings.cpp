@@ -62,6 +62,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_fast_copy", &set_fast_copy);
   m.def("fast_copy", &fast_copy);
   m.def("is_managed", &is_managed);
+  // the bytes a tensor's elements span (tensor_span): what a prefetch moves
+  m.def("span_bytes", [](const at::Tensor& t) { return tensor_span(t).second; });
   m.def("manage_memory", &manage_memory);
   m.def("unmanage_memory", &unmanage_memory);
   m.def("adopt_copy_in_forked_child", &adopt_copy_in_forked_child);

@@ -36,20 +36,42 @@ namespace {
 
 std::atomic<bool> g_fast_copy{true};
 
-// Below this, staging adds more latency than it saves (table 6 of
-// benchmarks/results/*-s6-*.md).
-constexpr std::size_t kStagedMinBytes = 4u << 20;
+// Below this PyTorch copies: measured faster both ways from 4 MiB
+// (benchmarks/results/*-s6-run.md, table 4b), and a prefetch of a small
+// tensor would move the pages it shares with its neighbours.
+constexpr std::size_t kFastCopyMinBytes = 4u << 20;
 
 bool plain(const at::Tensor& t) {
   return t.layout() == at::kStrided && !t.is_conj() && !t.is_neg();
 }
 
-// A copy from a managed CPU tensor into a GPU tensor, with hints available.
+bool large(const at::Tensor& t) {
+  return static_cast<std::size_t>(t.nbytes()) >= kFastCopyMinBytes;
+}
+
+// Whether the bytes the two tensors span meet. A moved tensor shares its
+// source's memory under another storage, so PyTorch's own overlap checks
+// (which compare storages) cannot see it; such copies are left to PyTorch,
+// which copies through a temporary where it must.
+bool overlap(const at::Tensor& a, const at::Tensor& b) {
+  auto [pa, na] = tensor_span(a);
+  auto [pb, nb] = tensor_span(b);
+  auto* x = static_cast<const char*>(pa);
+  auto* y = static_cast<const char*>(pb);
+  return x < y + nb && y < x + na;
+}
+
+// A large copy from a managed CPU tensor into GPU memory, with hints
+// available. A destination that is managed memory homed on the CPU (a moved
+// CPU tensor, an offloaded weight) is left to PyTorch: prefetching the
+// source there would bring both to the GPU, outside any budget.
 bool prefetches(const at::Tensor& self, const at::Tensor& src) {
   if (!g_fast_copy || !self.is_cuda() || !src.is_cpu()) return false;
-  if (src.numel() == 0 || !plain(self) || !plain(src)) return false;
+  if (!large(src) || !plain(self) || !plain(src)) return false;
   if (!managed_hints_supported() || capture_underway()) return false;
-  return is_managed(src);
+  if (!is_managed(src) || overlap(self, src)) return false;
+  auto home = managed_allocation(self);
+  return !home.has_value() || home->home != kCpuDevice;
 }
 
 // A large copy from a GPU into a managed CPU tensor, element for element.
@@ -57,11 +79,7 @@ bool stages(const at::Tensor& self, const at::Tensor& src) {
   if (!g_fast_copy || !self.is_cpu() || !src.is_cuda()) return false;
   if (self.scalar_type() != src.scalar_type() || self.sizes() != src.sizes()) return false;
   if (!plain(self) || !plain(src) || !self.is_contiguous()) return false;
-  if (static_cast<std::size_t>(self.nbytes()) < kStagedMinBytes || capture_underway()) {
-    return false;
-  }
-  // the same allocation on both sides: PyTorch's copy sorts that out
-  if (self.storage().is_alias_of(src.storage())) return false;
+  if (!large(self) || capture_underway() || overlap(self, src)) return false;
   return is_managed(self);
 }
 

@@ -169,13 +169,16 @@ cudaError_t CudaAllocator::memcpyAsync(void* dst, int dst_device, const void* sr
                                        int src_device, size_t count, cudaStream_t stream, bool) {
   // Managed memory is one address space: a plain copy works between any two
   // devices, with or without peer access. PyTorch asks this for copies
-  // between GPU tensors only: on one GPU, the driver is told so (CopyKind).
+  // between GPU tensors; on one GPU, between two ranges of this allocator,
+  // the driver is told it is device to device (CopyKind). A CUDA tensor
+  // over other memory (pinned host memory through DLPack) keeps kAny.
   translate_errors([&] {
     auto device = static_cast<DeviceIndex>(
         core_.runtime().stream_device(reinterpret_cast<std::uintptr_t>(stream), src_device));
+    const bool ours = dst_device == src_device && core_.segment_of(dst).first != nullptr &&
+                      core_.segment_of(src).first != nullptr;
     core_.runtime().copy(dst, src, count, {device, reinterpret_cast<std::uintptr_t>(stream)},
-                         /*synchronous=*/false,
-                         dst_device == src_device ? CopyKind::kDeviceToDevice : CopyKind::kAny);
+                         /*synchronous=*/false, ours ? CopyKind::kDeviceToDevice : CopyKind::kAny);
   });
   return cudaSuccess;
 }

@@ -29,7 +29,8 @@ namespace {
 struct Events {
   Runtime& rt;
   std::array<EventHandle, 2> e{};
-  Events(Runtime& runtime, DeviceIndex device) : rt(runtime) {
+  explicit Events(Runtime& runtime) : rt(runtime) {}
+  void create(DeviceIndex device) {  // after construction: a throw here is cleaned up
     for (auto& x : e) x = rt.create_event(device);
   }
   ~Events() {
@@ -64,7 +65,8 @@ void staged_copy_to_cpu(at::Tensor& dst, const at::Tensor& src) {
   const StreamRef stream = current_stream_ref(src.device());
   translate_errors([&] {
     Runtime& rt = allocator().runtime();
-    Events filled(rt, to_index(src.device()));
+    Events filled(rt);
+    filled.create(to_index(src.device()));
     auto drain = [&](std::size_t i) {  // the CPU copies piece i out of its buffer
       const std::size_t start = i * piece, len = std::min(piece, total - start);
       rt.synchronize_event(filled.e[i % 2]);
@@ -72,15 +74,24 @@ void staged_copy_to_cpu(at::Tensor& dst, const at::Tensor& src) {
       at::native::copy_(into, buffer[i % 2].narrow(0, 0, len), false);
     };
     const std::size_t pieces = (total + piece - 1) / piece;
-    for (std::size_t i = 0; i < pieces; ++i) {
-      // buffer[i % 2] held piece i - 2, which drain(i - 2) emptied
-      const std::size_t start = i * piece, len = std::min(piece, total - start);
-      rt.copy(buffer[i % 2].data_ptr(), source + start, len, stream, /*synchronous=*/false,
-              CopyKind::kAny);
-      rt.record_event(filled.e[i % 2], stream);
-      if (i > 0) drain(i - 1);
+    try {
+      for (std::size_t i = 0; i < pieces; ++i) {
+        // buffer[i % 2] held piece i - 2, which drain(i - 2) emptied
+        const std::size_t start = i * piece, len = std::min(piece, total - start);
+        rt.copy(buffer[i % 2].data_ptr(), source + start, len, stream, /*synchronous=*/false,
+                CopyKind::kAny);
+        rt.record_event(filled.e[i % 2], stream);
+        if (i > 0) drain(i - 1);
+      }
+      drain(pieces - 1);
+    } catch (...) {
+      // no copy may still write a buffer when it goes back to the host cache
+      try {
+        rt.synchronize_stream(stream);
+      } catch (...) {
+      }
+      throw;
     }
-    drain(pieces - 1);
   });
 }
 

@@ -166,3 +166,14 @@ def test_summary_shows_each_gpus_residency():
     assert "resident 3.00 MiB, peak 1.00 GiB" in text
     assert "evictions by drop_copy: 7" in text and "evictions by discard: 2" in text
     assert "Residency" not in format_summary({})
+
+
+def test_span_bytes_covers_what_a_prefetch_moves():
+    from torch_uvm import _C
+    base = torch.zeros(4, 6, 5)
+    assert _C.span_bytes(base) == 4 * 6 * 5 * 4
+    view = base[1:, ::2, 1:4]                  # strided: first to last element
+    assert _C.span_bytes(view) == (1 + 2 * 30 + 2 * 10 + 2 * 1) * 4
+    assert _C.span_bytes(view.transpose(0, 2)) == _C.span_bytes(view)
+    assert _C.span_bytes(base[:, :0]) == 0
+    assert _C.span_bytes(torch.zeros(7, dtype=torch.float16)) == 14

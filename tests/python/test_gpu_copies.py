@@ -50,10 +50,12 @@ def test_with_fast_copy_off_the_copy_is_pytorchs(uvm, on_host):
 
 
 def test_a_blocking_copy_is_done_when_it_returns(uvm, on_host):
-    # As from pageable memory: the caller may write the source at once.
+    # As from pageable memory: the caller may write the source at once. The
+    # stream is kept busy first, so a copy still queued would see the write.
     for _ in range(3):
         x = on_host()
         dst = torch.empty(N, device="cuda")
+        torch.cuda._sleep(100_000_000)
         dst.copy_(x)
         x.fill_(-1.0)
         assert torch.equal(dst.cpu(), torch.arange(N, dtype=torch.float32))
@@ -75,24 +77,48 @@ def test_non_contiguous_source_and_destination(uvm, on_host):
 
 
 def test_load_state_dict_from_managed_cpu_tensors(uvm, on_host):
-    model = torch.nn.Linear(1024, 2048).cuda()
+    model = torch.nn.Linear(1024, 2048).cuda()    # an 8 MiB weight, an 8 KiB bias
     state = {k: on_host(v.numel()).view_as(v) / 1e6 for k, v in model.state_dict().items()}
     for v in state.values():
         uvm.prefetch(v, "cpu")
     torch.cuda.synchronize()
     model.load_state_dict(state)
+    # the weight is prefetched; the bias, below 4 MiB, is PyTorch's copy
+    assert range_attribute(state["weight"], LAST_PREFETCH_LOCATION) == 0
+    assert range_attribute(state["bias"], LAST_PREFETCH_LOCATION) == CPU_ID
     for k, v in model.state_dict().items():
-        assert range_attribute(state[k], LAST_PREFETCH_LOCATION) == 0, k
         assert torch.equal(v.cpu(), state[k]), k
 
 
+def test_copies_over_memory_the_destination_shares_are_pytorchs(uvm):
+    # A GPU tensor and a transposed CPU view of the same memory: the fast
+    # path would permute in place on the GPU, racing with itself.
+    g = torch.arange(N, dtype=torch.float32, device="cuda").view(64, -1)
+    src = g.view(-1, 64).cpu().t()                # same memory, seen on the CPU
+    assert src.data_ptr() == g.data_ptr()
+    want = src.clone()
+    g.copy_(src)
+    assert torch.equal(g.cpu(), want)
+
+
+def test_a_cpu_homed_destination_is_not_prefetched_into(uvm, on_host):
+    # A CPU tensor moved to the GPU (or an offloaded weight) stays where it is
+    x = on_host()
+    home = torch.zeros(N)
+    g = home.cuda()                               # the same memory, CPU-homed
+    g.copy_(x)
+    assert range_attribute(x, LAST_PREFETCH_LOCATION) == CPU_ID
+    assert torch.equal(home, x)
+
+
 def test_autograd_flows_back_through_the_copy(uvm):
-    src = torch.randn(1000, requires_grad=True)
-    dst = torch.zeros(1000, device="cuda")
+    src = torch.randn(N, requires_grad=True)
+    dst = torch.zeros(N, device="cuda")
     dst.copy_(src)
+    assert range_attribute(src, LAST_PREFETCH_LOCATION) == 0    # the fast path
     (dst * 3).sum().backward()
     assert src.grad is not None and src.grad.device.type == "cpu"
-    assert torch.equal(src.grad, torch.full((1000,), 3.0))
+    assert torch.equal(src.grad, torch.full((N,), 3.0))
 
 
 def test_unmanaged_source_copies_as_pytorch_does(uvm):
@@ -112,6 +138,7 @@ def pinned_handouts():
 def test_copy_to_managed_cpu_goes_through_pinned_buffers(uvm):
     n = (56 << 20) // 4                          # 3.5 pieces of 16 MiB
     base = torch.arange(n, dtype=torch.float32, device="cuda")
+    torch.cuda._sleep(100_000_000)               # the stream busy: the copy must wait
     src = base * 3                               # queued just before the copy
     dst = torch.empty(n)
     assert dst.is_managed()
@@ -125,7 +152,9 @@ def test_staged_copies_of_non_contiguous_and_odd_sizes(uvm):
     src = torch.arange((2048 + 3) * 4096, dtype=torch.float64,
                        device="cuda").view(2048 + 3, 4096).t()
     dst = torch.empty(src.shape, dtype=torch.float64)
+    before = pinned_handouts()
     dst.copy_(src)
+    assert pinned_handouts() >= before + 2
     assert torch.equal(dst, src.cpu())
 
 
