@@ -176,7 +176,7 @@ def evict(device=None) -> None:
     torch_uvm still held. Resident units of an offloaded module stay."""
     device = _cuda(device)
     with _LOCK:
-        _sweep_dead(device)
+        _sweep_dead()
         for r in [r for r in _RANGES.values() if r.device == device]:
             if _BUDGET.is_busy(r.address):
                 continue
@@ -195,7 +195,7 @@ def _drop_copy(r: _Range) -> None:
     _C.advise(r.tensor, "read_mostly", None)
 
 
-def _sweep_dead(device: Optional[torch.device] = None) -> None:
+def _sweep_dead() -> None:
     """Forget the ranges whose tensor died: nothing to keep, nothing to move.
     Only the addresses noted dead are looked at, not every range."""
     while _DIED:
@@ -214,7 +214,7 @@ def _admit_written(ranges: List[_Range], device: torch.device, stream: torch.cud
     """`ranges` were just written on `device` (gradients, optimizer states):
     count them, written, and make room for them."""
     with _LOCK:
-        _sweep_dead(device)
+        _sweep_dead()
         for r in ranges:
             _RANGES.setdefault(r.address, r)
             _evict(_BUDGET.admit(device.index, r.address, r.nbytes, True), stream)
@@ -227,7 +227,7 @@ def _bring(ranges: List[_Range], device: torch.device, stream: torch.cuda.Stream
     """Prefetch `ranges` to `device` on `stream`, evicting first what the
     budget says must leave."""
     with _LOCK:
-        _sweep_dead(device)
+        _sweep_dead()
         for r in ranges:
             _RANGES.setdefault(r.address, r)
             if r.device == device and _BUDGET.is_resident(device.index, r.address):
