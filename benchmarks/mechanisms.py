@@ -393,6 +393,15 @@ def main():
             "prefetch_then_d2d_advised_src": (
                 lambda m: (_C.prefetch(m, dev, None),
                            managed_dst.copy_(_C.alias_on_device(m, dev))), src(True)),
+            # no migration: a GPU kernel reads the host pages in place, over
+            # PCIe, through the mapping that accessed_by makes
+            "kernel_reads_in_place_advised_src": (
+                lambda m: torch.mul(_C.alias_on_device(m, dev), 1.0, out=plain_dst), src(True)),
+            "advise_then_kernel_reads_in_place": (
+                lambda m: (_C.advise(m, "preferred_location", cpu),
+                           _C.advise(m, "accessed_by", dev),
+                           torch.mul(_C.alias_on_device(m, dev), 1.0, out=plain_dst)),
+                src(False)),
         }
 
     def copy_d2h_variants(nbytes):

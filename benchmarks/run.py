@@ -307,7 +307,9 @@ def comparisons(runs):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    # a folder of its own per run: results are kept, dated, never overwritten
+    parser.add_argument("--out", default=os.path.join(
+        HERE, "results", time.strftime("%Y-%m-%d-%H%M") + "-run"))
     # segments (which segment unit suits managed memory) is asked for by name
     parser.add_argument("--only", default=",".join(w for w in PLAN if w != "segments"))
     parser.add_argument("--rounds", type=int, default=5)

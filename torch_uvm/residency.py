@@ -33,7 +33,7 @@ import torch
 
 from . import _C
 
-_BUDGET = _C.ResidencyBudget()
+_BUDGET = _C.residency_budget()
 _LOCK = threading.RLock()
 _RANGES: Dict[int, "_Range"] = {}       # address -> what is streamed there
 # Ranges advised read-mostly with their home on the CPU (address -> bytes), so

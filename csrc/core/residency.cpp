@@ -1,6 +1,7 @@
 #include "core/residency.h"
 
 #include <algorithm>
+#include <mutex>
 
 #include "core/errors.h"
 
@@ -11,6 +12,7 @@ ResidencyBudget::PerDevice& ResidencyBudget::per_device(DeviceIndex device) {
 }
 
 void ResidencyBudget::set_limit(DeviceIndex device, std::optional<std::size_t> bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
   TORCH_UVM_CHECK_ARG(device >= 0, "a residency budget is for a GPU, got device ", device);
   TORCH_UVM_CHECK_ARG(!bytes || *bytes > 0, "a residency budget must be positive");
   PerDevice& d = per_device(device);
@@ -19,6 +21,7 @@ void ResidencyBudget::set_limit(DeviceIndex device, std::optional<std::size_t> b
 }
 
 std::optional<std::size_t> ResidencyBudget::limit(DeviceIndex device) const {
+  std::lock_guard<std::mutex> lock(mutex_);
   auto it = devices_.find(device);
   return it == devices_.end() ? std::nullopt : it->second.limit;
 }
@@ -32,6 +35,7 @@ void ResidencyBudget::erase(Lru::iterator it) {
 
 std::vector<EvictionStep> ResidencyBudget::admit(DeviceIndex device, std::uintptr_t address,
                                                  std::size_t bytes, bool written) {
+  std::lock_guard<std::mutex> lock(mutex_);
   PerDevice& d = per_device(device);
   if (auto it = where_.find(address); it != where_.end()) {
     Range range = *it->second;
@@ -77,33 +81,40 @@ std::vector<EvictionStep> ResidencyBudget::admit(DeviceIndex device, std::uintpt
 }
 
 void ResidencyBudget::set_busy(std::uintptr_t address, bool busy) {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (auto it = where_.find(address); it != where_.end()) it->second->busy = busy;
 }
 
 void ResidencyBudget::mark_written(std::uintptr_t address) {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (auto it = where_.find(address); it != where_.end()) it->second->written = true;
 }
 
 void ResidencyBudget::forget(std::uintptr_t address) {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (auto it = where_.find(address); it != where_.end()) erase(it->second);
 }
 
 bool ResidencyBudget::is_resident(DeviceIndex device, std::uintptr_t address) const {
+  std::lock_guard<std::mutex> lock(mutex_);
   auto it = where_.find(address);
   return it != where_.end() && it->second->device == device;
 }
 
 bool ResidencyBudget::is_busy(std::uintptr_t address) const {
+  std::lock_guard<std::mutex> lock(mutex_);
   auto it = where_.find(address);
   return it != where_.end() && it->second->busy;
 }
 
 ResidencyStats ResidencyBudget::stats(DeviceIndex device) const {
+  std::lock_guard<std::mutex> lock(mutex_);
   auto it = devices_.find(device);
   return it == devices_.end() ? ResidencyStats{} : it->second.stats;
 }
 
 void ResidencyBudget::reset_peak(DeviceIndex device) {
+  std::lock_guard<std::mutex> lock(mutex_);
   ResidencyStats& s = per_device(device).stats;
   s.peak_resident_bytes = s.resident_bytes;
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <list>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -37,6 +38,7 @@ struct ResidencyStats {
   std::size_t evicted_bytes[2] = {0, 0};   // by Eviction
 };
 
+// Internally synchronized: the copy kernels read the limits from any thread.
 class ResidencyBudget {
  public:
   // Budget of `device` in bytes; nullopt removes it. A budget below what is
@@ -81,6 +83,7 @@ class ResidencyBudget {
   PerDevice& per_device(DeviceIndex device);
   void erase(Lru::iterator it);
 
+  mutable std::mutex mutex_;
   std::map<DeviceIndex, PerDevice> devices_;
   std::unordered_map<std::uintptr_t, Lru::iterator> where_;
 };

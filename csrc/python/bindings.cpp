@@ -105,6 +105,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         d["evicted_bytes.migrate"] = s.evicted_bytes[1];
         return d;
       });
+  m.def("residency_budget", &residency_budget, py::return_value_policy::reference);
   m.def("uvm_to", &uvm_to, py::arg("tensor"), py::arg("device"), py::arg("non_blocking") = false);
   m.def("prefetch",
         [](const at::Tensor& t, std::optional<at::Device> device, const py::object& stream) {

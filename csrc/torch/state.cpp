@@ -50,6 +50,11 @@ void note_capture_end() { --g_captures; }
 
 bool capture_underway() { return g_captures.load(std::memory_order_relaxed) > 0; }
 
+ResidencyBudget& residency_budget() {
+  static auto* budget = new ResidencyBudget();  // leaked: copies may run during exit
+  return *budget;
+}
+
 PrefetchQueue* prefetch_queue() {
   if (in_forked_child()) return nullptr;  // its worker thread stayed in the parent
   if (auto* q = g_queue.load()) return q;

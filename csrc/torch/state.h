@@ -8,6 +8,7 @@
 
 #include "core/caching_managed_allocator.h"
 #include "core/prefetch_queue.h"
+#include "core/residency.h"
 
 namespace torch_uvm {
 
@@ -35,6 +36,11 @@ bool capture_underway();
 // async_prefetch off. Created with the allocator's runtime on first use and
 // stopped at exit.
 PrefetchQueue* prefetch_queue();
+
+// The residency budgets that torch_uvm/residency.py drives (offload,
+// prefetching, bring). The copy kernels read it too: a copy into memory
+// streamed under a budget is left to PyTorch.
+ResidencyBudget& residency_budget();
 
 // Reports, as a warning, a failure of an earlier asynchronous prefetch.
 void report_prefetch_errors();

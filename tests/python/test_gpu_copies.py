@@ -101,12 +101,27 @@ def test_copies_over_memory_the_destination_shares_are_pytorchs(uvm):
     assert torch.equal(g.cpu(), want)
 
 
-def test_a_cpu_homed_destination_is_not_prefetched_into(uvm, on_host):
-    # A CPU tensor moved to the GPU (or an offloaded weight) stays where it is
+def test_a_moved_cpu_tensor_is_a_destination_like_any_other(uvm, on_host):
+    # A model built on the CPU, then .cuda(): its weights are CPU-homed
     x = on_host()
     home = torch.zeros(N)
     g = home.cuda()                               # the same memory, CPU-homed
     g.copy_(x)
+    assert range_attribute(x, LAST_PREFETCH_LOCATION) == 0
+    assert torch.equal(home, x)
+
+
+def test_under_a_budget_a_cpu_homed_destination_is_not_prefetched_into(uvm, on_host):
+    # An offloaded weight streams under the budget: the source must not
+    # come to the GPU outside it
+    x = on_host()
+    home = torch.zeros(N)
+    g = home.cuda()
+    uvm.set_residency_limit(64 << 20)
+    try:
+        g.copy_(x)
+    finally:
+        uvm.set_residency_limit(None)
     assert range_attribute(x, LAST_PREFETCH_LOCATION) == CPU_ID
     assert torch.equal(home, x)
 

@@ -1,0 +1,104 @@
+"""Break the code a GPU test guards and check that the test fails.
+
+    python3 scripts/mutants.py [--out DIR] [NAME ...]
+
+Each mutant below replaces one piece of the torch glue, rebuilds the
+extension (ninja recompiles the one file), runs the tests that guard it and
+expects them to fail. The source is restored, and the extension rebuilt,
+whatever happens. Run it on the GPU machine after a build
+(scripts/gpu_session.sh build); it prints a table and exits non-zero if a
+mutant survives.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COPIES = "tests/python/test_gpu_copies.py::"
+
+# (name, file, text, replacement, tests that must fail)
+MUTANTS = [
+    ("copy to a GPU does not prefetch its source", "csrc/torch/copy_kernels.cpp",
+     "    schedule_prefetch(ptr, bytes, to_index(target), stream, /*off_thread=*/false);\n", "",
+     [COPIES + "test_copy_to_gpu_prefetches_the_managed_source",
+      COPIES + "test_load_state_dict_from_managed_cpu_tensors"]),
+    ("a blocking copy to a GPU does not wait", "csrc/torch/copy_kernels.cpp",
+     "  if (!non_blocking) c10::cuda::getCurrentCUDAStream(target.index()).synchronize();\n", "",
+     [COPIES + "test_a_blocking_copy_is_done_when_it_returns"]),
+    ("overlapping copies take the fast path", "csrc/torch/copy_kernels.cpp",
+     "  return x < y + nb && y < x + na;", "  return false;",
+     [COPIES + "test_copies_over_memory_the_destination_shares_are_pytorchs"]),
+    ("no 4 MiB floor", "csrc/torch/copy_kernels.cpp",
+     "constexpr std::size_t kFastCopyMinBytes = 4u << 20;",
+     "constexpr std::size_t kFastCopyMinBytes = 1;",
+     [COPIES + "test_load_state_dict_from_managed_cpu_tensors",
+      COPIES + "test_small_and_unmanaged_copies_to_cpu_are_pytorchs"]),
+    ("the budget is ignored by copies", "csrc/torch/copy_kernels.cpp",
+     "  if (!residency_budget().limit(self.device().index()).has_value()) return true;\n",
+     "  return true;\n",
+     [COPIES + "test_under_a_budget_a_cpu_homed_destination_is_not_prefetched_into"]),
+    ("every CPU-homed destination is refused", "csrc/torch/copy_kernels.cpp",
+     "  if (!residency_budget().limit(self.device().index()).has_value()) return true;\n", "",
+     [COPIES + "test_a_moved_cpu_tensor_is_a_destination_like_any_other",
+      COPIES + "test_load_state_dict_from_managed_cpu_tensors"]),
+    ("copies to the CPU are not staged", "csrc/torch/copy_kernels.cpp",
+     "  if (stages(self, src)) {", "  if (false && stages(self, src)) {",
+     [COPIES + "test_copy_to_managed_cpu_goes_through_pinned_buffers"]),
+]
+
+
+def build():
+    return subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="substrings of mutant names (default: all)")
+    parser.add_argument("--out", default=None, help="folder for the log of each mutant")
+    args = parser.parse_args()
+    chosen = [m for m in MUTANTS if not args.names or any(n in m[0] for n in args.names)]
+    rows, survived = [], 0
+    for name, path, text, replacement, tests in chosen:
+        full = os.path.join(ROOT, path)
+        original = open(full).read()
+        if original.count(text) != 1:
+            rows.append((name, "text not found once: fix the mutant", 0))
+            survived += 1
+            continue
+        t0 = time.time()
+        try:
+            open(full, "w").write(original.replace(text, replacement))
+            made = build()
+            if made.returncode != 0:
+                outcome = "did not build"
+                log = made.stdout
+            else:
+                ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p",
+                                      "no:cacheprovider", *tests], cwd=ROOT,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                log = ran.stdout
+                outcome = "killed" if ran.returncode == 1 else \
+                    "SURVIVED" if ran.returncode == 0 else f"pytest rc={ran.returncode}"
+        finally:
+            open(full, "w").write(original)
+        survived += outcome != "killed"
+        rows.append((name, outcome, time.time() - t0))
+        print(f"{outcome:>10}  {name}  ({time.time() - t0:.0f} s)", flush=True)
+        if args.out:
+            slug = "".join(c if c.isalnum() else "_" for c in name)[:60]
+            with open(os.path.join(args.out, f"mutant_{slug}.log"), "w") as f:
+                f.write(log)
+    restored = build()
+    print("\n| mutant | outcome |\n|---|---|")
+    for name, outcome, _ in rows:
+        print(f"| {name} | {outcome} |")
+    print(f"\n{len(rows) - survived} of {len(rows)} killed; extension rebuilt from the "
+          f"original source: rc={restored.returncode}")
+    return 1 if survived or restored.returncode else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
