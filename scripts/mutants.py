@@ -59,8 +59,24 @@ def main():
     parser.add_argument("names", nargs="*", help="substrings of mutant names (default: all)")
     parser.add_argument("--out", default=None, help="folder for the log of each mutant")
     args = parser.parse_args()
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
     chosen = [m for m in MUTANTS if not args.names or any(n in m[0] for n in args.names)]
     rows, survived = [], 0
+    try:
+        survived = run_all(chosen, args.out, rows)
+    finally:   # whatever happened, the extension is built from the source again
+        restored = build()
+    print("\n| mutant | outcome |\n|---|---|")
+    for name, outcome, _ in rows:
+        print(f"| {name} | {outcome} |")
+    print(f"\n{len(rows) - survived} of {len(rows)} killed; extension rebuilt from the "
+          f"original source: rc={restored.returncode}")
+    return 1 if survived or restored.returncode else 0
+
+
+def run_all(chosen, out, rows):
+    survived = 0
     for name, path, text, replacement, tests in chosen:
         full = os.path.join(ROOT, path)
         original = open(full).read()
@@ -68,6 +84,7 @@ def main():
             rows.append((name, "text not found once: fix the mutant", 0))
             survived += 1
             continue
+        # a killed run leaves the mutant on disk: `git checkout -- <file>` undoes it
         t0 = time.time()
         try:
             open(full, "w").write(original.replace(text, replacement))
@@ -87,17 +104,11 @@ def main():
         survived += outcome != "killed"
         rows.append((name, outcome, time.time() - t0))
         print(f"{outcome:>10}  {name}  ({time.time() - t0:.0f} s)", flush=True)
-        if args.out:
+        if out:
             slug = "".join(c if c.isalnum() else "_" for c in name)[:60]
-            with open(os.path.join(args.out, f"mutant_{slug}.log"), "w") as f:
+            with open(os.path.join(out, f"mutant_{slug}.log"), "w") as f:
                 f.write(log)
-    restored = build()
-    print("\n| mutant | outcome |\n|---|---|")
-    for name, outcome, _ in rows:
-        print(f"| {name} | {outcome} |")
-    print(f"\n{len(rows) - survived} of {len(rows)} killed; extension rebuilt from the "
-          f"original source: rc={restored.returncode}")
-    return 1 if survived or restored.returncode else 0
+    return survived
 
 
 if __name__ == "__main__":
