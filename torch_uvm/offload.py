@@ -4,13 +4,14 @@ a resident prefix and the rest streamed, for inference and training
 from __future__ import annotations
 
 import types
+import weakref
 from typing import Dict, List, Optional
 
 import torch
 
 from . import _C, offload_training
-from .residency import (_BUDGET, _LOCK, _Range, _advise_streamed, _bring, _cuda, _release,
-                        _set_busy, _span_bytes, get_residency_limit)
+from .residency import (_BUDGET, _LOCK, _Range, _advise_streamed, _bring, _cuda,
+                        _release, _set_busy, _span_bytes, get_residency_limit)
 
 class _Unit:
     """A module with parameters or buffers of its own, streamed as one."""
@@ -47,6 +48,11 @@ def _rows(obj) -> int:
     if isinstance(obj, (list, tuple)):
         return max((_rows(o) for o in obj), default=0)
     return 0
+
+
+# Offloads not undone yet: the device limit they stream under stays while
+# any of them lives (undo hands it on).
+_OFFLOADS: "weakref.WeakSet[Offloaded]" = weakref.WeakSet()
 
 
 class Offloaded:
@@ -217,9 +223,16 @@ class Offloaded:
                     owner._parameters[name] = original
                 else:
                     owner._buffers[name] = original
-        if self._owns_limit:
-            with _LOCK:
-                _BUDGET.set_limit(self.device.index, None)
+        with _LOCK:
+            _OFFLOADS.discard(self)
+            if self._owns_limit:
+                # another offload on the device streams under the same limit
+                # (its budget fits it): it keeps the limit, and owns it now
+                heir = next((h for h in list(_OFFLOADS) if h.device == self.device), None)
+                if heir is None:
+                    _BUDGET.set_limit(self.device.index, None)
+                else:
+                    heir._owns_limit = True
         del self.module._torch_uvm_offloaded
 
 
@@ -348,9 +361,10 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     handles.append(module.register_forward_hook(
         lambda _m, _a, _o: handle.finish_first_forward()))
     offload_training.install(handle)
-    if limit is None:       # the budget becomes the device's residency limit
-        with _LOCK:
+    with _LOCK:
+        if limit is None:   # the budget becomes the device's residency limit
             _BUDGET.set_limit(device.index, budget)
-        handle._owns_limit = True
+            handle._owns_limit = True
+        _OFFLOADS.add(handle)
     module._torch_uvm_offloaded = handle
     return handle

@@ -41,7 +41,6 @@ _RANGES: Dict[int, "_Range"] = {}       # address -> what is streamed there
 # about 0.1 ms per MiB, five times its prefetch. Cleared by empty_cache, which
 # may hand the memory back to the driver.
 _ADVISED: Dict[int, int] = {}
-_ENVIRONMENT_APPLIED: set = set()
 _DISCARDED: Dict[int, List[int]] = {}   # device -> [count, bytes] of dead ranges forgotten
 _DIED: List[int] = []                   # addresses of tracked tensors that died, to sweep
 
@@ -95,11 +94,6 @@ def _cuda(device) -> torch.device:
     if device.index >= torch.cuda.device_count():
         raise ValueError(f"{device} does not exist: this machine has "
                          f"{torch.cuda.device_count()} GPU(s)")
-    if device.index not in _ENVIRONMENT_APPLIED:   # residency_limit_mb, once per GPU
-        _ENVIRONMENT_APPLIED.add(device.index)
-        limit = _C.residency_limit_from_environment()
-        if limit and _BUDGET.limit(device.index) is None:
-            _BUDGET.set_limit(device.index, limit)
     return device
 
 

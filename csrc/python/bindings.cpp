@@ -105,7 +105,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         d["evicted_bytes.migrate"] = s.evicted_bytes[1];
         return d;
       });
-  m.def("residency_budget", &residency_budget, py::return_value_policy::reference);
+  m.def("residency_budget",
+        []() -> ResidencyBudget& {
+          return translate_errors([]() -> ResidencyBudget& { return residency_budget(); });
+        },
+        py::return_value_policy::reference);
   m.def("uvm_to", &uvm_to, py::arg("tensor"), py::arg("device"), py::arg("non_blocking") = false);
   m.def("prefetch",
         [](const at::Tensor& t, std::optional<at::Device> device, const py::object& stream) {
@@ -141,8 +145,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return translate_errors([&] { return parse_bool(value, what); });
   });
   m.def("describe_options", &describe_options);
-  m.def("residency_limit_from_environment",
-        [] { return config_from_environment().residency_limit; });
   m.def("check_invariants", [] {
     if (auto* a = allocator_if_created()) translate_errors([&] { a->check_invariants(); });
   });

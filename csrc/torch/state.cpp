@@ -1,5 +1,6 @@
 #include "torch/state.h"
 
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/util/Exception.h>
 #include <pthread.h>
 
@@ -51,7 +52,15 @@ void note_capture_end() { --g_captures; }
 bool capture_underway() { return g_captures.load(std::memory_order_relaxed) > 0; }
 
 ResidencyBudget& residency_budget() {
-  static auto* budget = new ResidencyBudget();  // leaked: copies may run during exit
+  // Leaked: copies may run during exit. PYTORCH_UVM_ALLOC_CONF's
+  // residency_limit_mb is every GPU's budget from the start, so the copy
+  // kernels see it before Python touches a GPU.
+  static ResidencyBudget* budget = [] {
+    auto* b = new ResidencyBudget();
+    const std::size_t limit = config_from_environment().residency_limit;
+    for (int d = 0; limit > 0 && d < c10::cuda::device_count(); ++d) b->set_limit(d, limit);
+    return b;
+  }();
   return *budget;
 }
 

@@ -169,6 +169,7 @@ def test_environment_keys_for_larger_than_gpu():
     r = run_python("""
         import torch, torch_uvm
         torch_uvm.set_enabled_uvm(True)
+        print(torch_uvm._C.residency_budget().limit(0) >> 20)   # the copy kernels' view
         print(torch_uvm.get_residency_limit() >> 20)
         x = torch.empty(1 << 22, device='cuda')
         torch.cuda.synchronize()
@@ -177,7 +178,19 @@ def test_environment_keys_for_larger_than_gpu():
         print(range_attribute(x, LAST_PREFETCH_LOCATION))
     """ % __import__("os").path.dirname(__file__),
         env={"PYTORCH_UVM_ALLOC_CONF": "residency_limit_mb:512,prefetch_on_alloc:true"})
-    assert r.stdout.split() == ["512", "0"], r.stdout + r.stderr
+    assert r.stdout.split() == ["512", "512", "0"], r.stdout + r.stderr
+
+
+def test_undoing_one_of_two_offloads_keeps_the_limit_for_the_other(uvm):
+    # The first offload's budget became the limit; the second streams under
+    # it. Undoing the first must not leave the second without a budget.
+    assert uvm.get_residency_limit() is None
+    first = uvm.offload(make_model(layers=2), budget=64 * MiB)
+    second = uvm.offload(make_model(layers=2), budget=48 * MiB)
+    first.undo()
+    assert uvm.get_residency_limit() == 64 * MiB
+    second.undo()
+    assert uvm.get_residency_limit() is None
 
 
 def test_an_offload_budget_is_enforced_without_a_device_limit(uvm):
