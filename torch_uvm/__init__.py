@@ -137,9 +137,9 @@ def set_fast_copy(enabled: bool) -> None:
     pages to that GPU and copies there: 44 GB/s for 1 GiB on an H100, against
     7.7 for PyTorch's copy. The source's pages stay on the GPU afterwards.
     ``cpu.copy_(gpu)`` into a managed CPU tensor goes through pinned buffers:
-    38 GB/s against 14.5. Copies between tensors over the same memory, and
-    into GPU views of CPU-homed memory, are PyTorch's. Off, every copy is
-    PyTorch's."""
+    38 GB/s against 14.5. Copies between tensors over the same memory, and,
+    on a GPU with a residency budget, into CPU-homed memory (an offloaded
+    weight), are PyTorch's. Off, every copy is PyTorch's."""
     _C.set_fast_copy(bool(enabled))
 
 

@@ -73,8 +73,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   // The residency budget's policy (core/residency.h); torch_uvm/residency.py
   // carries out the evictions it returns.
+  // One process-wide instance (residency_budget below): the copy kernels
+  // read the same one.
   py::class_<ResidencyBudget>(m, "ResidencyBudget")
-      .def(py::init<>())
       .def("set_limit", &ResidencyBudget::set_limit)
       .def("limit", &ResidencyBudget::limit)
       .def("admit", [](ResidencyBudget& b, int device, std::uintptr_t address, std::size_t bytes,
