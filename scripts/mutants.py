@@ -3,7 +3,7 @@
     python3 scripts/mutants.py [--out DIR] [NAME ...]
 
 Each mutant below replaces one piece of the torch glue, rebuilds the
-extension (ninja recompiles the one file), runs the tests that guard it and
+extension (ninja recompiles the one file; a Python mutant needs none), runs the tests that guard it and
 expects them to fail. The source is restored, and the extension rebuilt,
 whatever happens. Run it on the GPU machine after a build
 (scripts/gpu_session.sh build); it prints a table and exits non-zero if a
@@ -17,6 +17,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COPIES = "tests/python/test_gpu_copies.py::"
+OFFLOAD = "tests/python/test_gpu_offload.py::"
 
 # (name, file, text, replacement, tests that must fail)
 MUTANTS = [
@@ -46,6 +47,12 @@ MUTANTS = [
     ("copies to the CPU are not staged", "csrc/torch/copy_kernels.cpp",
      "  if (stages(self, src)) {", "  if (false && stages(self, src)) {",
      [COPIES + "test_copy_to_managed_cpu_goes_through_pinned_buffers"]),
+    ("undo drops the limit another offload streams under", "torch_uvm/offload.py",
+     "                if heir is None:\n", "                if True:\n",
+     [OFFLOAD + "test_undoing_one_of_two_offloads_keeps_the_limit_for_the_other"]),
+    ("residency_limit_mb is not applied in C++", "csrc/torch/state.cpp",
+     "b->set_limit(d, limit);", "(void)b;",
+     [OFFLOAD + "test_environment_keys_for_larger_than_gpu"]),
 ]
 
 
