@@ -3,6 +3,7 @@ a resident prefix and the rest streamed, for inference and training
 (the training side, backward and the optimizer: offload_training.py)."""
 from __future__ import annotations
 
+import gc
 import types
 import weakref
 from typing import Dict, List, Optional
@@ -10,8 +11,8 @@ from typing import Dict, List, Optional
 import torch
 
 from . import _C, offload_training
-from .residency import (_BUDGET, _LOCK, _Range, _advise_streamed, _bring, _cuda,
-                        _release, _set_busy, _span_bytes, get_residency_limit)
+from .residency import (_BUDGET, _ENDED, _LEASES, _LOCK, _Lease, _Range, _advise_streamed,
+                        _bring, _cuda, _end_lease, _set_busy, _span_bytes, get_residency_limit)
 
 class _Unit:
     """A module with parameters or buffers of its own, streamed as one."""
@@ -50,11 +51,6 @@ def _rows(obj) -> int:
     return 0
 
 
-# Offloads not undone yet: the device limit they stream under stays while
-# any of them lives (undo hands it on).
-_OFFLOADS: "weakref.WeakSet[Offloaded]" = weakref.WeakSet()
-
-
 class Offloaded:
     """What :func:`offload` did to a module; :meth:`undo` reverses it."""
 
@@ -67,7 +63,10 @@ class Offloaded:
         self.side = torch.cuda.Stream(device)
         self._handles = handles
         self._originals = originals
-        self._owns_limit = False
+        self._lease = _Lease(device, budget, type(module).__name__, self._ranges())
+        # dropped without undo: the next sweep gives back what it held
+        self._finalizer = weakref.finalize(self, _ENDED.append, self._lease)
+        self._finalizer.atexit = False
         self._advised = False
         self.training = False         # the first forward built a graph
         self._pinned: set = set()     # addresses of the resident units' ranges
@@ -209,12 +208,8 @@ class Offloaded:
         for optimizer, _ in self._optimizers:
             optimizer.__dict__.pop("step", None)   # the class's step again
         self._optimizers.clear()
-        for r in self._ranges():
-            for advice in ("unset_read_mostly", "unset_accessed_by"):
-                _C.advise(r.tensor, advice, self.device)
-            _C.advise(r.tensor, "unset_preferred_location", None)
-        for u in self.units:
-            _release(u.ranges)
+        self._finalizer.detach()
+        _end_lease(self._lease)
         with torch.no_grad():
             for (owner, name, kind), original in self._originals.items():
                 current = getattr(owner, name)
@@ -223,16 +218,6 @@ class Offloaded:
                     owner._parameters[name] = original
                 else:
                     owner._buffers[name] = original
-        with _LOCK:
-            _OFFLOADS.discard(self)
-            if self._owns_limit:
-                # another offload on the device streams under the same limit
-                # (its budget fits it): it keeps the limit, and owns it now
-                heir = next((h for h in list(_OFFLOADS) if h.device == self.device), None)
-                if heir is None:
-                    _BUDGET.set_limit(self.device.index, None)
-                else:
-                    heir._owns_limit = True
         del self.module._torch_uvm_offloaded
 
 
@@ -315,7 +300,10 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
                          f"'{largest[0]}' ({largest[3]} bytes): it needs at least {window} "
                          f"bytes (ahead + 1 = {ahead + 1} of the largest submodule). Raise "
                          f"the budget, lower ahead, or read it in place (mode='in_place')")
-    limit = _BUDGET.limit(device.index)
+    limit = get_residency_limit(device)
+    if limit is not None and budget > limit:
+        gc.collect()        # the limit of an offload dropped in a reference cycle goes with it
+        limit = get_residency_limit(device)
     if limit is not None and budget > limit:
         raise ValueError(f"torch_uvm: a budget of {budget} bytes is above {device}'s residency "
                          f"limit ({limit} bytes): raise the limit (set_residency_limit) or "
@@ -364,7 +352,7 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     with _LOCK:
         if limit is None:   # the budget becomes the device's residency limit
             _BUDGET.set_limit(device.index, budget)
-            handle._owns_limit = True
-        _OFFLOADS.add(handle)
+            handle._lease.owns_limit = True
+        _LEASES.add(handle._lease)
     module._torch_uvm_offloaded = handle
     return handle

@@ -25,6 +25,7 @@ side stream:
 """
 from __future__ import annotations
 
+import gc
 import threading
 import weakref
 from typing import Dict, Iterable, Iterator, List, Optional, Union
@@ -43,6 +44,20 @@ _RANGES: Dict[int, "_Range"] = {}       # address -> what is streamed there
 _ADVISED: Dict[int, int] = {}
 _DISCARDED: Dict[int, List[int]] = {}   # device -> [count, bytes] of dead ranges forgotten
 _DIED: List[int] = []                   # addresses of tracked tensors that died, to sweep
+_LEASES: set = set()                    # the _Lease of every offload not undone
+_ENDED: List["_Lease"] = []             # leases of offloads collected without undo, to end
+
+
+class _Lease:
+    """What an offloaded module holds on its GPU: its ranges (in the budget,
+    with their advice) and, if its budget became the GPU's limit, that limit.
+    undo() ends it; so does the sweep after the collector took an offload
+    that was dropped without undo (its finalizer only notes it)."""
+    __slots__ = ("device", "budget", "name", "ranges", "owns_limit")
+
+    def __init__(self, device: torch.device, budget: int, name: str, ranges: List["_Range"]):
+        self.device, self.budget, self.name, self.ranges = device, budget, name, ranges
+        self.owns_limit = False
 
 
 class _Range:
@@ -102,7 +117,9 @@ def set_residency_limit(limit: Union[int, float, None], device=None) -> None:
     (an int: bytes; a float in (0, 1]: a fraction of the managed memory cap;
     None: no budget). Modules given to :func:`offload`, batches from
     :func:`prefetching` and :func:`bring` stay within it: before more would
-    arrive, the least recently used leave."""
+    arrive, the least recently used leave. A limit below the budget of a
+    module offloaded on `device` (or None) is refused: undo the offload
+    first."""
     device = _cuda(device)
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, (int, float)):
@@ -120,12 +137,59 @@ def set_residency_limit(limit: Union[int, float, None], device=None) -> None:
                              f"cap ({cap} bytes): raise the cap first (set_memory_cap) or "
                              f"choose a smaller limit")
     with _LOCK:
+        _check_offloads_fit(device, limit)
         _BUDGET.set_limit(device.index, limit)
+        for lease in _LEASES:       # the limit is the user's now: undo leaves it
+            if lease.device == device:
+                lease.owns_limit = False
+
+
+def _check_offloads_fit(device: torch.device, limit: Optional[int]) -> None:
+    """Refuse a limit that a live offload on `device` would not stream under."""
+    def misfits():
+        return [x for x in _LEASES
+                if x.device == device and (limit is None or x.budget > limit)]
+    if not misfits():
+        return
+    gc.collect()    # an offloaded module dropped in a reference cycle is no offload
+    _sweep_dead()
+    left = misfits()
+    if left:
+        x = max(left, key=lambda x: x.budget)
+        what = "no residency limit" if limit is None else f"a residency limit of {limit} bytes"
+        raise ValueError(f"torch_uvm: {what} on {device} would let the offloaded "
+                         f"{x.name} (budget {x.budget} bytes) stream without its budget: "
+                         f"undo() the offload first"
+                         f"{'' if limit is None else ', or offload it with a smaller budget'}")
+
+
+def _end_lease(lease: _Lease) -> None:
+    """Give back what an offload held: its ranges leave the budget with their
+    advice unset, and a limit it set goes to another offload on the GPU that
+    streams under it, or goes. The caller made sure no kernel uses them."""
+    with _LOCK:
+        if lease not in _LEASES:
+            return
+        _LEASES.discard(lease)
+        for r in lease.ranges:
+            for advice in ("unset_read_mostly", "unset_accessed_by"):
+                _C.advise(r.tensor, advice, lease.device)
+            _C.advise(r.tensor, "unset_preferred_location", None)
+        _release(lease.ranges)
+        if lease.owns_limit:
+            heir = next((x for x in _LEASES if x.device == lease.device), None)
+            if heir is None:
+                _BUDGET.set_limit(lease.device.index, None)
+            else:              # its budget fits the limit: it keeps it, and owns it now
+                heir.owns_limit = True
 
 
 def get_residency_limit(device=None) -> Optional[int]:
     """The residency budget of `device` in bytes, or None."""
-    return _BUDGET.limit(_cuda(device).index)
+    device = _cuda(device)
+    with _LOCK:
+        _sweep_dead()           # a dropped offload's limit goes with it
+        return _BUDGET.limit(device.index)
 
 
 def residency_stats(device=None) -> Dict[str, int]:
@@ -133,7 +197,9 @@ def residency_stats(device=None) -> Dict[str, int]:
     streams, bytes prefetched there, and evictions by mechanism (discard: a
     dead tensor's range forgotten, nothing moved)."""
     index = _cuda(device).index
-    stats = dict(_BUDGET.stats(index))
+    with _LOCK:
+        _sweep_dead()
+        stats = dict(_BUDGET.stats(index))
     count, nbytes = _DISCARDED.get(index, [0, 0])
     stats.update({"evictions.discard": count, "evicted_bytes.discard": nbytes})
     return stats
@@ -191,7 +257,13 @@ def _drop_copy(r: _Range) -> None:
 
 def _sweep_dead() -> None:
     """Forget the ranges whose tensor died: nothing to keep, nothing to move.
-    Only the addresses noted dead are looked at, not every range."""
+    Only the addresses noted dead are looked at, not every range. End the
+    leases of offloads collected without undo (outside a graph capture:
+    it waits for the GPU, then advises)."""
+    while _ENDED and not torch.cuda.is_current_stream_capturing():
+        lease = _ENDED.pop()
+        torch.cuda.synchronize(lease.device)   # kernels queued may still read them
+        _end_lease(lease)
     while _DIED:
         r = _RANGES.get(_DIED.pop())
         if r is None or r.alive is None or r.alive() is not None:

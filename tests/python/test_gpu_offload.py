@@ -2,6 +2,7 @@
 prefetch_on_alloc (issue 10). Sizes stay at a few hundred MiB: "larger than
 the GPU" means larger than the budget."""
 import copy
+import gc
 import weakref
 
 import pytest
@@ -190,6 +191,57 @@ def test_undoing_one_of_two_offloads_keeps_the_limit_for_the_other(uvm):
     first.undo()
     assert uvm.get_residency_limit() == 64 * MiB
     second.undo()
+    assert uvm.get_residency_limit() is None
+
+
+def test_a_limit_an_offload_would_not_stream_under_is_refused(uvm):
+    # Removing the limit, or lowering it below a live offload's budget, would
+    # let the module stream without its budget: refused, nothing changed.
+    assert uvm.get_residency_limit() is None
+    model = make_model(layers=2)
+    handle = uvm.offload(model, budget=64 * MiB)
+    with pytest.raises(ValueError, match=r"no residency limit .* undo\(\) the offload first"):
+        uvm.set_residency_limit(None)
+    with pytest.raises(ValueError, match=r"Sequential \(budget 67108864 bytes\).*smaller budget"):
+        uvm.set_residency_limit(32 * MiB)
+    assert uvm.get_residency_limit() == 64 * MiB
+    uvm.set_residency_limit(128 * MiB)        # above the budget: the user's limit now,
+    handle.undo()                             # so undo leaves it
+    assert uvm.get_residency_limit() == 128 * MiB
+    uvm.offload(model, budget=64 * MiB)
+    del model                                 # dropped without undo (in a reference
+    uvm.set_residency_limit(None)             # cycle): no offload any more
+    assert uvm.get_residency_limit() is None
+
+
+def test_an_offload_dropped_without_undo_gives_back_what_it_held(uvm):
+    # Its limit, its place in the budget and its weights' memory: a notebook
+    # that offloads a new model in place of the old one must not be refused,
+    # nor keep the old weights.
+    assert uvm.get_residency_limit() is None
+    x = torch.randn(16, 2048, device="cuda")
+    torch.cuda.synchronize()
+    allocated = uvm.memory_stats()["allocated_bytes.all.current"]
+    resident = uvm.residency_stats()["resident_bytes.current"]
+    model = make_model()
+    uvm.offload(model, budget=64 * MiB, mode="prefetch")
+    with torch.no_grad():
+        model(x)
+    assert uvm.residency_stats()["resident_bytes.current"] > resident
+    assert uvm.get_residency_limit() == 64 * MiB
+    del model
+    gc.collect()
+    assert uvm.get_residency_limit() is None
+    assert uvm.residency_stats()["resident_bytes.current"] == resident
+    assert uvm.memory_stats()["allocated_bytes.all.current"] == allocated
+    gc.disable()                              # (the collection below is offload's own)
+    try:
+        old = make_model()
+        uvm.offload(old, budget=64 * MiB)     # its budget becomes the limit
+        del old                               # dropped, not yet collected: a larger
+        uvm.offload(make_model(), budget=96 * MiB).undo()   # budget is not refused
+    finally:
+        gc.enable()
     assert uvm.get_residency_limit() is None
 
 
