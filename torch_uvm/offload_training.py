@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Dict, List
 
 import torch
@@ -42,12 +43,16 @@ def install(handle: "Offloaded") -> None:
     """Hooks for backward: after each accumulated gradient, count it; when a
     submodule has all of its gradients, release its weights."""
     owner: Dict[int, "_Unit"] = {}
-    for u in handle.units:
+    # A tensor's hooks are held in C++, out of the collector's reach: one that
+    # held the handle (or a unit, which holds its module) would keep a module
+    # dropped without undo alive for good. They hold a weak reference.
+    ref = weakref.ref(handle)
+    for i, u in enumerate(handle.units):
         for p in trainable(u):
             if id(p) not in owner:    # a tied weight counts for its first user
                 owner[id(p)] = u
                 handle._handles.append(p.register_post_accumulate_grad_hook(
-                    lambda p, u=u: grad_ready(handle, u, p)))
+                    lambda p, ref=ref, i=i: _on_grad(ref, i, p)))
     for u in handle.units:
         u.grads_expected = sum(owner.get(id(p)) is u for p in trainable(u))
 
@@ -87,6 +92,12 @@ def before_backward(handle: "Offloaded", unit: "_Unit") -> None:
                     _bring(u.ranges, handle.device, handle.side, True)
                     u.ready = handle.side.record_event()
                 _set_busy(u.ranges, True)
+
+
+def _on_grad(ref: "weakref.ref[Offloaded]", i: int, p: torch.nn.Parameter) -> None:
+    handle = ref()
+    if handle is not None:
+        grad_ready(handle, handle.units[i], p)
 
 
 def grad_ready(handle: "Offloaded", unit: "_Unit", p: torch.nn.Parameter) -> None:

@@ -22,8 +22,20 @@ def nothing_left_streamed():
     yield
     import torch_uvm
     if torch.cuda.is_available():
+        undo_leftover_offloads()
+        torch_uvm.set_residency_limit(None)
         torch.cuda.synchronize()
         torch_uvm.evict()
+
+
+def undo_leftover_offloads():
+    """A failed test's offloads live on in its traceback: undo them, so the
+    next tests start without them (and without the limit they set)."""
+    from torch_uvm.offload import Offloaded
+    gc.collect()
+    for handle in [o for o in gc.get_objects() if isinstance(o, Offloaded)]:
+        if getattr(handle.module, "_torch_uvm_offloaded", None) is handle:
+            handle.undo()
 
 
 @pytest.fixture
@@ -31,6 +43,7 @@ def budget(uvm):
     """A 64 MiB residency budget on cuda:0, removed afterwards."""
     uvm.set_residency_limit(64 * MiB)
     yield 64 * MiB
+    undo_leftover_offloads()
     uvm.set_residency_limit(None)
 
 
@@ -208,6 +221,7 @@ def test_a_limit_an_offload_would_not_stream_under_is_refused(uvm):
     uvm.set_residency_limit(128 * MiB)        # above the budget: the user's limit now,
     handle.undo()                             # so undo leaves it
     assert uvm.get_residency_limit() == 128 * MiB
+    del handle                                # (an undone handle still holds the module)
     uvm.offload(model, budget=64 * MiB)
     del model                                 # dropped without undo (in a reference
     uvm.set_residency_limit(None)             # cycle): no offload any more
@@ -220,6 +234,7 @@ def test_an_offload_dropped_without_undo_gives_back_what_it_held(uvm):
     # nor keep the old weights.
     assert uvm.get_residency_limit() is None
     x = torch.randn(16, 2048, device="cuda")
+    all_resident_output(x)      # (cuBLAS's workspace for this stream is made now, not below)
     torch.cuda.synchronize()
     allocated = uvm.memory_stats()["allocated_bytes.all.current"]
     resident = uvm.residency_stats()["resident_bytes.current"]
