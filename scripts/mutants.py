@@ -3,8 +3,8 @@
     python3 scripts/mutants.py [--out DIR] [NAME ...]
 
 Each mutant below replaces one piece of the torch glue, rebuilds the
-extension (ninja recompiles the one file; a Python mutant needs none), runs the tests that guard it and
-expects them to fail. The source is restored, and the extension rebuilt,
+extension (ninja recompiles the one file; a Python mutant needs none), runs
+the tests that guard it and expects them to fail. The source is restored, and the extension rebuilt,
 whatever happens. Run it on the GPU machine after a build
 (scripts/gpu_session.sh build); it prints a table and exits non-zero if a
 mutant survives.
@@ -62,7 +62,7 @@ MUTANTS = [
      "lambda p, h=handle, i=i: grad_ready(h, h.units[i], p)",
      [OFFLOAD + "test_an_offload_dropped_without_undo_gives_back_what_it_held"]),
     ("offload does not collect a dropped offload before refusing", "torch_uvm/offload.py",
-     "        gc.collect()        # the limit of an offload", "        pass  # the limit of an offload",
+     "        _collect_dropped_offloads()   # a limit set by one", "        pass  # a limit set by one",
      [OFFLOAD + "test_an_offload_dropped_without_undo_gives_back_what_it_held"]),
     ("residency_limit_mb is not applied in C++", "csrc/torch/state.cpp",
      "b->set_limit(d, limit);", "(void)b;",

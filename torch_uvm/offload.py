@@ -3,7 +3,6 @@ a resident prefix and the rest streamed, for inference and training
 (the training side, backward and the optimizer: offload_training.py)."""
 from __future__ import annotations
 
-import gc
 import types
 import weakref
 from typing import Dict, List, Optional
@@ -12,7 +11,8 @@ import torch
 
 from . import _C, offload_training
 from .residency import (_BUDGET, _ENDED, _LEASES, _LOCK, _Lease, _Range, _advise_streamed,
-                        _bring, _cuda, _end_lease, _set_busy, _span_bytes, get_residency_limit)
+                        _bring, _collect_dropped_offloads, _cuda, _end_lease, _set_busy,
+                        _span_bytes, get_residency_limit)
 
 class _Unit:
     """A module with parameters or buffers of its own, streamed as one."""
@@ -302,7 +302,7 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
                          f"the budget, lower ahead, or read it in place (mode='in_place')")
     limit = get_residency_limit(device)
     if limit is not None and budget > limit:
-        gc.collect()        # the limit of an offload dropped in a reference cycle goes with it
+        _collect_dropped_offloads()   # a limit set by one goes with it
         limit = get_residency_limit(device)
     if limit is not None and budget > limit:
         raise ValueError(f"torch_uvm: a budget of {budget} bytes is above {device}'s residency "

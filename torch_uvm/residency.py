@@ -151,8 +151,7 @@ def _check_offloads_fit(device: torch.device, limit: Optional[int]) -> None:
                 if x.device == device and (limit is None or x.budget > limit)]
     if not misfits():
         return
-    gc.collect()    # an offloaded module dropped in a reference cycle is no offload
-    _sweep_dead()
+    _collect_dropped_offloads()
     left = misfits()
     if left:
         x = max(left, key=lambda x: x.budget)
@@ -161,6 +160,15 @@ def _check_offloads_fit(device: torch.device, limit: Optional[int]) -> None:
                          f"{x.name} (budget {x.budget} bytes) stream without its budget: "
                          f"undo() the offload first"
                          f"{'' if limit is None else ', or offload it with a smaller budget'}")
+
+
+def _collect_dropped_offloads() -> None:
+    """An offloaded module dropped without undo is in a reference cycle with
+    its hooks: collect it and give back what it held, before refusing a limit
+    or a budget because of it."""
+    gc.collect()
+    with _LOCK:
+        _sweep_dead()
 
 
 def _end_lease(lease: _Lease) -> None:
