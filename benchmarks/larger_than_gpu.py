@@ -1,12 +1,15 @@
 """Larger than the GPU (issue 10): a model and a dataset streamed through a
 residency budget, side by side with the anchors of OFFLOAD.md.
 
-    python benchmarks/larger_than_gpu.py [--rounds 3] [--out DIR] [--only model,stream]
+    python benchmarks/larger_than_gpu.py [--rounds 3] [--out DIR] [--only model,model512,stream]
 
 (a) model: 16 fp16 Linear(8192, 8192) (2 GiB), batch 16, under a 1 GiB budget:
     all resident, torch_uvm.offload, a hand-written pinned double-buffered
     stream with the same resident share, accelerate cpu_offload, and
     accelerate dispatch_model with the same GPU share.
+(p) model512: the same model at batch 512 (prefill-like: torch_uvm copies the
+    streamed layers into GPU memory one layer ahead), against the pinned
+    stream with the same GPU memory.
 (d) stream: a 4 GiB tensor consumed in 64 MiB batches by a GPU kernel under a
     1 GiB budget: torch_uvm.prefetching, a pinned double-buffered copy loop,
     and naive zero-copy moves (no budget).
@@ -41,9 +44,11 @@ PLAN = {
               "accelerate_cpu_offload"],
     # unbounded: torch_uvm.prefetching with no budget (nothing leaves), to
     # tell the eviction's cost from the prefetch's
+    "model512": ["resident", "torch_uvm_offload", "pinned_stream", "pinned_stream_same_share"],
     "stream": ["torch_uvm_prefetching", "torch_uvm_prefetching_unbounded", "pinned_copy",
                "naive_moves"],
 }
+BATCHES = {"model": BATCH, "model512": 512}
 UVM_VARIANTS = {"torch_uvm_offload", "torch_uvm_offload_prefetch", "torch_uvm_prefetching", "torch_uvm_prefetching_unbounded",
                 "naive_moves"}
 
@@ -131,13 +136,14 @@ def measured_resident_bytes(model):
     return total
 
 
-def run_model(variant):
+def run_model(variant, scenario="model"):
     import torch
     if variant in UVM_VARIANTS:
         import torch_uvm
         torch_uvm.set_enabled_uvm(True)
     model = build_model().eval()
-    x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(1)).half().cuda()
+    x = torch.randn(BATCHES[scenario], WIDTH,
+                    generator=torch.Generator().manual_seed(1)).half().cuda()
     moved = peak = None
     with torch.no_grad():
         if variant == "resident":
@@ -172,7 +178,7 @@ def run_model(variant):
         extra = {}
         if uvm:
             after = torch_uvm.residency_stats()
-            resident = sum(u.resident for u in handle.units)
+            resident = len(handle.resident_units())
             # read in place, every streamed layer crosses PCIe once per forward
             moved = (after["prefetched_bytes"] - before["prefetched_bytes"]) / 7 \
                 if handle.mode == "prefetch" else (LAYERS - resident) * LAYER_BYTES
@@ -181,7 +187,7 @@ def run_model(variant):
                      "evictions": {k: after[k] - before[k] for k in after if k.startswith("evict")},
                      "accounted_resident_bytes": after["resident_bytes.current"],
                      "measured_resident_bytes": measured_resident_bytes(model)}
-    torch.save(out.float().cpu(), f"/tmp/ltg_out_{variant}.pt")
+    torch.save(out.float().cpu(), f"/tmp/ltg_out_{scenario}_{variant}.pt")
     return {"ms": ms, "moved_bytes": moved, "peak_resident_bytes": peak, **extra}
 
 
@@ -266,13 +272,17 @@ def comparisons(runs: dict) -> dict:
         out["(a) torch_uvm.offload (auto: in place) / pinned stream, same resident layers"] = \
             method.ratio(uvm, metric("model", "pinned_stream_same_share", "ms"), target=1.15)
         out["(a) torch_uvm.offload (auto: in place) / pinned stream, same GPU budget"] = \
-            method.ratio(uvm, metric("model", "pinned_stream", "ms"), target=1.15)
+            method.ratio(uvm, metric("model", "pinned_stream", "ms"), target=1.1)
         out["(a) torch_uvm.offload (prefetch) / pinned stream, same resident layers"] = \
             method.ratio(metric("model", "torch_uvm_offload_prefetch", "ms"),
                          metric("model", "pinned_stream", "ms"), target=1.15)
         for v in ("accelerate_dispatch", "accelerate_cpu_offload"):
             out[f"(a) {v} / torch_uvm.offload, ms per forward"] = method.ratio(
                 metric("model", v, "ms"), uvm, target=10, lower_is_better=False)
+    if "model512" in runs:
+        out["(p) batch 512: torch_uvm.offload (auto: prefetch) / pinned stream, same GPU memory"] = \
+            method.ratio(metric("model512", "torch_uvm_offload", "ms"),
+                         metric("model512", "pinned_stream", "ms"), target=1.1)
     if "stream" in runs:
         out["(d) torch_uvm.prefetching / pinned copy loop, GB/s"] = method.ratio(
             metric("stream", "torch_uvm_prefetching", "gbps"),
@@ -280,58 +290,74 @@ def comparisons(runs: dict) -> dict:
     return out
 
 
+def model_table(runs, scenario):
+    """Prints one model scenario's table and returns it."""
+    import torch
+    batch = BATCHES[scenario]
+    print(f"\n({'a' if scenario == 'model' else 'p'}) 16 x fp16 Linear(8192, 8192) = 2 GiB, "
+          f"batch {batch}, budget 1 GiB (resident layers: torch_uvm in place "
+          f"{RESIDENT_IN_PLACE}, prefetching {RESIDENT}; pinned_stream_same_share "
+          f"{RESIDENT_IN_PLACE} + 2 buffers, pinned_stream {RESIDENT} + 2 buffers = the budget)")
+    print("| variant | ms / forward (median, min-max) | x torch_uvm | peak resident | "
+          "moved / forward | output = all resident | resident at the end: accounted / "
+          "measured by read speed |")
+    print("|---|---|---|---|---|---|---|")
+    ref_path = f"/tmp/ltg_out_{scenario}_resident.pt"
+    ref = torch.load(ref_path) if os.path.exists(ref_path) else None
+    uvm_ms = [r["ms"] if r else None for r in runs[scenario]["torch_uvm_offload"]]
+    table = {}
+    for v, rs in runs[scenario].items():
+        ok = [r for r in rs if r]
+        if not ok:
+            print(f"| {v} | failed | | | | | |")
+            continue
+        ms = spread([r["ms"] for r in ok])
+        ratio = method.ratio([r["ms"] if r else None for r in rs], uvm_ms) or \
+            {"median": float("nan"), "min": float("nan"), "max": float("nan")}
+        same = None
+        if ref is not None and os.path.exists(f"/tmp/ltg_out_{scenario}_{v}.pt"):
+            same = bool(torch.equal(torch.load(f"/tmp/ltg_out_{scenario}_{v}.pt"), ref))
+        table[v] = {"ms": ms, "ratio_to_torch_uvm": ratio, "bit_identical": same,
+                    **{k: ok[-1][k] for k in ok[-1] if k != "ms"}}
+        check = f"{ok[-1]['accounted_resident_bytes'] / MiB:.0f} / " \
+            f"{ok[-1]['measured_resident_bytes'] / MiB:.0f} MiB" \
+            if "measured_resident_bytes" in ok[-1] else ""
+        print(f"| {v} | {ms['median']:.1f} ({ms['min']:.1f}-{ms['max']:.1f}) | "
+              f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f}) | "
+              f"{ok[-1]['peak_resident_bytes'] / MiB:.0f} MiB | "
+              f"{ok[-1]['moved_bytes'] / MiB:.0f} MiB | {same} | {check} |")
+    limit = (LAYERS * LAYER_BYTES - BUDGET) / 55e9 * 1e3
+    print(f"physical limit at 55 GB/s for the {LAYERS * LAYER_BYTES - BUDGET >> 20} MiB that "
+          f"must cross: {limit:.1f} ms")
+    return table
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variant")
     ap.add_argument("--scenario")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--only", default="model,stream")
+    ap.add_argument("--only", default="model,model512,stream")
+    ap.add_argument("--variants", default=None,
+                    help="run only these variants (comma-separated), e.g. for a quick check")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = ap.parse_args()
     if args.variant:
-        fn = run_model if args.scenario == "model" else run_stream
-        print("RESULT " + json.dumps(fn(args.variant)), flush=True)
+        r = run_stream(args.variant) if args.scenario == "stream" else \
+            run_model(args.variant, args.scenario)
+        print("RESULT " + json.dumps(r), flush=True)
         return
     import torch
     scenarios = [s for s in args.only.split(",") if s in PLAN]
+    if args.variants:
+        keep = args.variants.split(",")
+        for s in scenarios:
+            PLAN[s] = [v for v in PLAN[s] if v in keep]
     runs = method.scenario_runs(os.path.abspath(__file__), PLAN, scenarios, args.rounds)
     result = {"runs": runs}
-    if "model" in runs:
-        print(f"\n(a) 16 x fp16 Linear(8192, 8192) = 2 GiB, batch 16, budget 1 GiB "
-              f"(resident layers: torch_uvm in place {RESIDENT_IN_PLACE}, prefetching {RESIDENT}; "
-              f"pinned_stream_same_share {RESIDENT_IN_PLACE} + 2 buffers, pinned_stream "
-              f"{RESIDENT} + 2 buffers = the budget)")
-        print(f"| variant | ms / forward (median, min-max) | x torch_uvm | peak resident | "
-              f"moved / forward | output = all resident | resident at the end: accounted / "
-              f"measured by read speed |")
-        print("|---|---|---|---|---|---|---|")
-        ref = torch.load("/tmp/ltg_out_resident.pt") if os.path.exists("/tmp/ltg_out_resident.pt") \
-            else None
-        uvm_ms = [r["ms"] if r else None for r in runs["model"]["torch_uvm_offload"]]
-        table = {}
-        for v, rs in runs["model"].items():
-            ok = [r for r in rs if r]
-            if not ok:
-                print(f"| {v} | failed | | | | | |")
-                continue
-            ms = spread([r["ms"] for r in ok])
-            ratio = method.ratio([r["ms"] if r else None for r in rs], uvm_ms) or \
-                {"median": float("nan"), "min": float("nan"), "max": float("nan")}
-            same = None
-            if ref is not None and os.path.exists(f"/tmp/ltg_out_{v}.pt"):
-                same = bool(torch.equal(torch.load(f"/tmp/ltg_out_{v}.pt"), ref))
-            table[v] = {"ms": ms, "ratio_to_torch_uvm": ratio, "bit_identical": same,
-                        **{k: ok[-1][k] for k in ok[-1] if k != "ms"}}
-            check = f"{ok[-1]['accounted_resident_bytes'] / MiB:.0f} / " \
-                f"{ok[-1]['measured_resident_bytes'] / MiB:.0f} MiB" \
-                if "measured_resident_bytes" in ok[-1] else ""
-            print(f"| {v} | {ms['median']:.1f} ({ms['min']:.1f}-{ms['max']:.1f}) | "
-                  f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f}) | "
-                  f"{ok[-1]['peak_resident_bytes'] / MiB:.0f} MiB | "
-                  f"{ok[-1]['moved_bytes'] / MiB:.0f} MiB | {same} | {check} |")
-        result["model_table"] = table
-        limit = (LAYERS * LAYER_BYTES - BUDGET) / 55e9 * 1e3
-        print(f"physical limit at 55 GB/s for {LAYERS * LAYER_BYTES - BUDGET >> 20} MiB: {limit:.1f} ms")
+    for scenario in ("model", "model512"):
+        if scenario in runs:
+            result[f"{scenario}_table"] = model_table(runs, scenario)
     if "stream" in runs:
         print(f"\n(d) 4 GiB consumed in 64 MiB batches by a GPU kernel, budget 1 GiB")
         print("| variant | GB/s (median of rounds of the median pass; min-max) | first pass GB/s | "

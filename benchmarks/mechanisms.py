@@ -1,4 +1,4 @@
-"""How fast each way of moving a managed range is (issues 10 and 12): the
+"""How fast each way of moving a managed range is (issues 10, 12 and 20): the
 measurements behind the choice of mechanism per case.
 
     python benchmarks/mechanisms.py [--rounds 5] [--out DIR]
@@ -27,6 +27,15 @@ copy_h2d: gpu.copy_(managed cpu), .to('cuda', float16) and load_state_dict
   source, copy on the GPU), with a pinned source as the anchor.
 copy_d2h: a GPU tensor into pinned, CPU-resident managed and pageable memory:
   PyTorch's copy, and through pinned buffers (16 MiB pieces, pipelined).
+slot_h2d / slot_d2h (128 MiB, 1 GiB): a streamed tensor's home (managed pages
+  on the CPU, mapped for the GPU) copied into GPU memory and written back, by
+  the copy engine (whole, or in pieces on two streams) or by a kernel, against
+  pinned copies.
+slot_both: 1 GiB each way at once on two streams (GB/s counts both): pinned;
+  homes by copy engines both ways; copy engine one way and a kernel the other;
+  kernels both ways.
+adamw (256 MiB of fp32 weights): one fused AdamW step with its two moments on
+  the GPU, in homes read and written in place over PCIe, or copied in and out.
 """
 import argparse
 import ctypes
@@ -227,6 +236,8 @@ def main():
         n = nbytes // 4
         pinned = torch.empty(n, dtype=torch.float32).pin_memory()
         managed_dst = torch_uvm.manage_memory(torch.zeros(n))
+        home_dst = home(nbytes)
+        home_cpu = _C.alias_on_device(home_dst, cpu)
 
         def written_on_gpu():
             m = torch_uvm.manage_memory(torch.empty(n, device=dev))
@@ -242,6 +253,10 @@ def main():
                 written_on_gpu),
             "copy_to_pinned_then_read": (lambda m: read(pinned.copy_(m)), written_on_gpu),
             "copy_to_managed_cpu_then_read": (lambda m: read(managed_dst.copy_(m)), written_on_gpu),
+            # the copy engine writes into host-resident managed pages mapped
+            # for the GPU (a streamed tensor's home): no migration
+            "copy_engine_into_home_then_read": (
+                stock(lambda m: (home_dst.copy_(m), sync(), read(home_cpu))), written_on_gpu),
             "cpu_faults_read": (lambda m: read(_C.alias_on_device(m, cpu)), written_on_gpu),
             "cpu_faults_read_1_thread": (
                 lambda m: one_thread(lambda: read(_C.alias_on_device(m, cpu))), written_on_gpu),
@@ -447,25 +462,148 @@ def main():
             "to_pageable_staged_pinned": (lambda m: staged(pageable_dst, m), on_gpu),
         }
 
-    groups = {}
-    for nbytes in (128 * MiB, 1 * GiB):
-        groups[f"to_gpu {nbytes // MiB} MiB"] = (nbytes, to_gpu_variants(nbytes))
-    for batch in (16, 128, 1024):
-        groups[f"gemm batch {batch}"] = (8192 * 8192 * 2, gemm_variants(batch))
-    groups["cycle 128 MiB"] = (128 * MiB, cycle_variants(128 * MiB))
-    groups["evict 128 MiB"] = (128 * MiB, evict_variants(128 * MiB))
-    for nbytes in (64 * MiB, 1 * GiB):
-        groups[f"to_cpu {nbytes // MiB} MiB"] = (nbytes, to_cpu_variants(nbytes))
-    groups["batch 128 MiB in 64 ranges"] = (128 * MiB, batch_variants(128 * MiB, 64))
-    for nbytes in (64 * MiB, 1 * GiB):
-        groups[f"copy_h2d {nbytes // MiB} MiB"] = (nbytes, copy_h2d_variants(nbytes))
-    groups["copy_h2d_advice 256 MiB"] = (256 * MiB, copy_h2d_advice_variants(256 * MiB))
-    for nbytes in (1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 1 * GiB):
-        groups[f"copy_d2h {nbytes // MiB} MiB"] = (nbytes, copy_d2h_variants(nbytes))
+    # --- a streamed tensor's home (host pages) and its GPU slot (issue 20) ----
+    # Copy engines between managed pages that stay on the CPU (preferred
+    # location CPU; accessed-by maps them for the GPU) and a GPU buffer,
+    # against pinned memory; both directions at once; an optimizer step whose
+    # states are read and written in place over PCIe.
+    def home(nbytes, accessed_by=True):
+        m = managed_on_cpu(nbytes, torch.float32)
+        _C.advise(m, "preferred_location", cpu)
+        if accessed_by:
+            _C.advise(m, "accessed_by", dev)
+        sync()
+        return _C.alias_on_device(m, dev)
 
+    def pieces(dst, src, k, streams):
+        cur = torch.cuda.current_stream(dev)
+        for st in streams:
+            st.wait_stream(cur)
+        for i, (d, s_) in enumerate(zip(dst.chunk(k), src.chunk(k))):
+            with torch.cuda.stream(streams[i % len(streams)]):
+                d.copy_(s_, non_blocking=True)
+        for st in streams:
+            cur.wait_stream(st)
+
+    def slot_h2d_variants(nbytes):
+        n = nbytes // 4
+        slot = torch.empty(n, device=dev)
+        pinned = torch.ones(n).pin_memory()
+        mapped, unmapped = home(nbytes), home(nbytes, accessed_by=False)
+        return {
+            "pinned_copy": (lambda: slot.copy_(pinned, non_blocking=True), None),
+            "copy_from_home_accessed_by": (stock(lambda: slot.copy_(mapped)), None),
+            "copy_from_home_pref_cpu_only": (stock(lambda: slot.copy_(unmapped)), None),
+            "copy_from_home_8_pieces_2_streams": (
+                stock(lambda: pieces(slot, mapped, 8, side_streams[:2])), None),
+            "read_home_in_place_elementwise": (
+                lambda: torch.add(mapped, 0, out=slot), None),
+        }
+
+    def slot_d2h_variants(nbytes):
+        n = nbytes // 4
+        slot = torch.ones(n, device=dev)
+        pinned = torch.empty(n).pin_memory()
+        mapped, unmapped = home(nbytes), home(nbytes, accessed_by=False)
+        return {
+            "pinned_copy": (lambda: pinned.copy_(slot, non_blocking=True), None),
+            "write_home_accessed_by": (stock(lambda: mapped.copy_(slot)), None),
+            "write_home_pref_cpu_only": (stock(lambda: unmapped.copy_(slot)), None),
+            "write_home_8_pieces_2_streams": (
+                stock(lambda: pieces(mapped, slot, 8, side_streams[:2])), None),
+            "write_home_in_place_elementwise": (lambda: torch.add(slot, 0, out=mapped), None),
+        }
+
+    def slot_both_variants(nbytes):
+        # nbytes each way, at once on two streams: GB/s counts both
+        n = nbytes // 4
+        up, down = torch.empty(n, device=dev), torch.ones(n, device=dev)
+        p_in, p_out = torch.ones(n).pin_memory(), torch.empty(n).pin_memory()
+        h_in, h_out = home(nbytes), home(nbytes)
+
+        def both(dst1, src1, dst2, src2):
+            cur = torch.cuda.current_stream(dev)
+            a, b = side_streams[:2]
+            a.wait_stream(cur)
+            b.wait_stream(cur)
+            with torch.cuda.stream(a):
+                dst1.copy_(src1, non_blocking=True)
+            with torch.cuda.stream(b):
+                dst2.copy_(src2, non_blocking=True)
+            cur.wait_stream(a)
+            cur.wait_stream(b)
+        def kernel_copy(dst, src):     # a bitwise op on int64 words: every bit kept
+            torch.bitwise_or(src.view(torch.int64), 0, out=dst.view(torch.int64))
+
+        def mixed(h2d_kernel, d2h_kernel):
+            cur = torch.cuda.current_stream(dev)
+            a, b = side_streams[:2]
+            a.wait_stream(cur)
+            b.wait_stream(cur)
+            with torch.cuda.stream(a):
+                kernel_copy(up, h_in) if h2d_kernel else up.copy_(h_in)
+            with torch.cuda.stream(b):
+                kernel_copy(h_out, down) if d2h_kernel else h_out.copy_(down)
+            cur.wait_stream(a)
+            cur.wait_stream(b)
+        return {
+            "pinned_both_ways": (lambda: both(up, p_in, p_out, down), None),
+            "home_both_ways": (stock(lambda: both(up, h_in, h_out, down)), None),
+            "home_copy_engine_in_kernel_out": (stock(lambda: mixed(False, True)), None),
+            "home_kernel_in_copy_engine_out": (stock(lambda: mixed(True, False)), None),
+            "home_kernel_both_ways": (stock(lambda: mixed(True, True)), None),
+        }
+
+    def adamw_variants(nbytes):
+        # one fused AdamW step over nbytes of fp32 weights (grads, two moments)
+        n = nbytes // 4
+        p, g = torch.ones(n, device=dev), torch.full((n,), 1e-3, device=dev)
+        m_dev, v_dev = torch.zeros(n, device=dev), torch.zeros(n, device=dev)
+        m_home, v_home = home(nbytes), home(nbytes)
+        m_slot, v_slot = torch.zeros(n, device=dev), torch.zeros(n, device=dev)
+        step = torch.zeros((), device=dev)
+
+        def adamw(m, v):
+            torch._fused_adamw_([p], [g], [m], [v], [], [step], lr=1e-4, beta1=0.9,
+                                beta2=0.999, weight_decay=0.01, eps=1e-8, amsgrad=False,
+                                maximize=False)
+
+        def copied():
+            m_slot.copy_(m_home)
+            v_slot.copy_(v_home)
+            adamw(m_slot, v_slot)
+            m_home.copy_(m_slot)
+            v_home.copy_(v_slot)
+        return {
+            "states_on_gpu": (lambda: adamw(m_dev, v_dev), None),
+            "states_in_place_over_pcie": (lambda: adamw(m_home, v_home), None),
+            "states_copied_in_and_out": (stock(copied), None),
+        }
+
+    # each group's variants are made only if the group runs (--only)
+    plan = []
+    for nbytes in (128 * MiB, 1 * GiB):
+        plan.append((f"to_gpu {nbytes // MiB} MiB", nbytes, to_gpu_variants, (nbytes,)))
+    for batch in (16, 128, 1024):
+        plan.append((f"gemm batch {batch}", 8192 * 8192 * 2, gemm_variants, (batch,)))
+    plan.append(("cycle 128 MiB", 128 * MiB, cycle_variants, (128 * MiB,)))
+    plan.append(("evict 128 MiB", 128 * MiB, evict_variants, (128 * MiB,)))
+    for nbytes in (64 * MiB, 1 * GiB):
+        plan.append((f"to_cpu {nbytes // MiB} MiB", nbytes, to_cpu_variants, (nbytes,)))
+    plan.append(("batch 128 MiB in 64 ranges", 128 * MiB, batch_variants, (128 * MiB, 64)))
+    for nbytes in (64 * MiB, 1 * GiB):
+        plan.append((f"copy_h2d {nbytes // MiB} MiB", nbytes, copy_h2d_variants, (nbytes,)))
+    plan.append(("copy_h2d_advice 256 MiB", 256 * MiB, copy_h2d_advice_variants, (256 * MiB,)))
+    for nbytes in (1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 1 * GiB):
+        plan.append((f"copy_d2h {nbytes // MiB} MiB", nbytes, copy_d2h_variants, (nbytes,)))
+    for nbytes in (128 * MiB, 1 * GiB):
+        plan.append((f"slot_h2d {nbytes // MiB} MiB", nbytes, slot_h2d_variants, (nbytes,)))
+        plan.append((f"slot_d2h {nbytes // MiB} MiB", nbytes, slot_d2h_variants, (nbytes,)))
+    plan.append(("slot_both 1024 MiB each way", 2 * GiB, slot_both_variants, (1 * GiB,)))
+    plan.append(("adamw 256 MiB of weights", 256 * MiB, adamw_variants, (256 * MiB,)))
     if args.only:
-        groups = {g: v for g, v in groups.items()
-                  if any(g.startswith(o) for o in args.only.split(","))}
+        plan = [p for p in plan if any(p[0].startswith(o) for o in args.only.split(","))]
+    groups = {name: (nbytes, make(*a)) for name, nbytes, make, a in plan}
     results = {g: {v: [] for v in variants} for g, (_, variants) in groups.items()}
     for g, (_, variants) in groups.items():           # one warm-up of each
         for fn, prep in variants.values():

@@ -19,7 +19,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COPIES = "tests/python/test_gpu_copies.py::"
 OFFLOAD = "tests/python/test_gpu_offload.py::"
 
-# (name, file, text, replacement, tests that must fail)
+# (name, file, text, replacement, tests that must fail). A test named
+# "core:Suite.Test" is a GoogleTest of the host-runtime build (build/core_tests,
+# rebuilt by cmake): those mutants run on any machine.
 MUTANTS = [
     ("copy to a GPU does not prefetch its source", "csrc/torch/copy_kernels.cpp",
      "    schedule_prefetch(ptr, bytes, to_index(target), stream, /*off_thread=*/false);\n", "",
@@ -37,57 +39,118 @@ MUTANTS = [
      [COPIES + "test_load_state_dict_from_managed_cpu_tensors",
       COPIES + "test_small_and_unmanaged_copies_to_cpu_are_pytorchs"]),
     ("the budget is ignored by copies", "csrc/torch/copy_kernels.cpp",
-     "  if (!residency_budget().limit(self.device().index()).has_value()) return true;\n",
+     "  if (!residency_budget().has_budget(self.device().index())) return true;\n",
      "  return true;\n",
      [COPIES + "test_under_a_budget_a_cpu_homed_destination_is_not_prefetched_into"]),
     ("every CPU-homed destination is refused", "csrc/torch/copy_kernels.cpp",
-     "  if (!residency_budget().limit(self.device().index()).has_value()) return true;\n", "",
+     "  if (!residency_budget().has_budget(self.device().index())) return true;\n", "",
      [COPIES + "test_a_moved_cpu_tensor_is_a_destination_like_any_other",
       COPIES + "test_load_state_dict_from_managed_cpu_tensors"]),
     ("copies to the CPU are not staged", "csrc/torch/copy_kernels.cpp",
      "  if (stages(self, src)) {", "  if (false && stages(self, src)) {",
      [COPIES + "test_copy_to_managed_cpu_goes_through_pinned_buffers"]),
-    ("undo drops the limit another offload streams under", "torch_uvm/residency.py",
-     "            if heir is None:\n", "            if True:\n",
-     [OFFLOAD + "test_undoing_one_of_two_offloads_keeps_the_limit_for_the_other"]),
-    ("a limit below a live offload's budget is taken", "torch_uvm/residency.py",
-     "    if not misfits():\n        return\n", "    return\n",
-     [OFFLOAD + "test_a_limit_an_offload_would_not_stream_under_is_refused"]),
-    ("a dropped offload keeps what it held", "torch_uvm/offload.py",
-     "weakref.finalize(self, _ENDED.append, self._lease)",
-     "weakref.finalize(self, len, self._lease)",
-     [OFFLOAD + "test_an_offload_dropped_without_undo_gives_back_what_it_held"]),
-    ("gradient hooks hold the offload strongly", "torch_uvm/offload_training.py",
-     "lambda p, ref=ref, i=i: _on_grad(ref, i, p)",
-     "lambda p, h=handle, i=i: grad_ready(h, h.units[i], p)",
-     [OFFLOAD + "test_an_offload_dropped_without_undo_gives_back_what_it_held"]),
-    ("offload does not collect a dropped offload before refusing", "torch_uvm/offload.py",
-     "        _collect_dropped_offloads()   # a limit set by one", "        pass  # a limit set by one",
-     [OFFLOAD + "test_an_offload_dropped_without_undo_gives_back_what_it_held"]),
     ("residency_limit_mb is not applied in C++", "csrc/torch/state.cpp",
      "b->set_limit(d, limit);", "(void)b;",
      [OFFLOAD + "test_environment_keys_for_larger_than_gpu"]),
+    # the streaming engine (issue 20)
+    ("streamed submodules are not brought ahead", "csrc/torch/stream_executor.cpp",
+     "    bring_entries(v.tensors, bring_stream_);\n    v.staged = true;\n",
+     "    continue;\n",
+     [OFFLOAD + "test_streamed_weights_are_copied_into_gpu_memory_ahead_of_their_use"]),
+    ("a brought tensor keeps reading its home", "csrc/torch/streamed_tensor.cpp",
+     "  point_at(target_, slot_);\n  version_ = version();\n}\n\nvoid StreamedTensor::adopt",
+     "  version_ = version();\n}\n\nvoid StreamedTensor::adopt",
+     [OFFLOAD + "test_offloaded_model_matches_all_resident_within_its_budget",
+      OFFLOAD + "test_streamed_weights_are_copied_into_gpu_memory_ahead_of_their_use"]),
+    ("a written slot is not copied home", "csrc/torch/streamed_tensor.cpp",
+     "    copy_bytes(home_.mutable_data(), slot_.data(), nbytes_, target_.device(), home_stream,",
+     "    if (false) copy_bytes(home_.mutable_data(), slot_.data(), nbytes_, target_.device(), "
+     "home_stream,",
+     [OFFLOAD + "test_training_under_a_budget_gives_the_all_resident_losses"]),
+    ("shares take from each other's budget", "csrc/torch/stream_executor.cpp",
+     "carry_out(budget_.admit(device_.index(), key(id), t.nbytes(), false, share_));",
+     "carry_out(budget_.admit(device_.index(), key(id), t.nbytes(), false));",
+     [OFFLOAD + "test_each_offload_streams_within_its_own_share_whatever_the_order"]),
+    ("complete gradients stay on the GPU", "torch_uvm/offload_training.py",
+     "        executor.grads_ready(unit.index, True)\n        return\n",
+     "        executor.grads_ready(unit.index, False)\n        return\n",
+     [OFFLOAD + "test_training_under_a_budget_gives_the_all_resident_losses"]),
+    ("step_in_backward does not step in backward", "torch_uvm/offload_training.py",
+     "    if not handle.step_in_backward or not handle._optimizers:",
+     "    if True:",
+     [OFFLOAD + "test_training_under_a_budget_gives_the_all_resident_losses",
+      OFFLOAD + "test_step_in_backward_refuses_a_second_backward_before_the_step"]),
+    ("a fused step's states are copied, not stepped in place", "torch_uvm/offload_training.py",
+     "    before = [] if fused(optimizer) else", "    before = [] if False else",
+     [OFFLOAD + "test_training_under_a_budget_gives_the_all_resident_losses"]),
+    ("a dropped offload keeps its share", "torch_uvm/offload.py",
+     "weakref.finalize(self, _end_lease, lease)", "weakref.finalize(self, len, [lease])",
+     [OFFLOAD + "test_an_offload_dropped_without_undo_gives_back_what_it_held"]),
+    ("gradient hooks hold the offload strongly", "torch_uvm/offload_training.py",
+     "lambda p, ref=ref, i=i: _on_grad(ref, i)",
+     "lambda p, h=handle, i=i: _on_grad(lambda: h, i)",
+     [OFFLOAD + "test_an_offload_dropped_without_undo_gives_back_what_it_held"]),
+    ("offload does not collect a dropped offload before refusing", "torch_uvm/residency.py",
+     "    except ValueError:\n        gc.collect()\n        share = attempt()",
+     "    except ValueError:\n        raise",
+     [OFFLOAD + "test_an_offload_dropped_without_undo_gives_back_what_it_held"]),
+    # the policy (core/residency), on the host runtime
+    ("a share past the ceiling is opened", "csrc/core/residency.cpp",
+     "  TORCH_UVM_CHECK_ARG(taken + bytes <= bound,", "  TORCH_UVM_CHECK_ARG(true,",
+     ["core:Residency.ASharePastTheLimitOrTheCeilingIsRefusedNamingTheHolders"]),
+    ("a limit below the shares is taken", "csrc/core/residency.cpp",
+     "    TORCH_UVM_CHECK_ARG(*bytes >= taken,", "    TORCH_UVM_CHECK_ARG(true,",
+     ["core:Residency.ASharePastTheLimitOrTheCeilingIsRefusedNamingTheHolders"]),
+    ("closing a share keeps its ranges", "csrc/core/residency.cpp",
+     "  while (!it->second.lru.empty()) erase(it->second.lru.begin());\n", "",
+     ["core:Residency.EachShareIsItsOwnBudgetWhateverTheOrder"]),
+    ("memory made on the GPU counts as brought", "csrc/core/residency.cpp",
+     "    if (arrives) st->prefetched_bytes += bytes;", "    st->prefetched_bytes += bytes;",
+     ["core:Residency.DeadRangesAreDiscardedAndCounted"]),
+    ("the resident set has gaps", "csrc/core/residency.cpp",
+     "  for (std::size_t i = 0; i < unit_bytes.size() && unit_bytes[i] <= room; ++i) {",
+     "  for (std::size_t i = 0; i < unit_bytes.size(); ++i) {\n    if (unit_bytes[i] > room) "
+     "continue;",
+     ["core:Residency.TheResidentPrefixIsWhatFitsTheRoomInOrder"]),
 ]
 
 
-def build():
-    return subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def build(core=False):
+    cmd = ["cmake", "--build", "build"] if core else \
+        [sys.executable, "setup.py", "build_ext", "--inplace"]
+    return subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+
+
+def run_tests(tests):
+    """pytest, or the host-runtime GoogleTests for "core:" names: rc 1 = failed."""
+    if tests[0].startswith("core:"):
+        ran = subprocess.run([os.path.join(ROOT, "build", "core_tests"),
+                              "--gtest_filter=" + ":".join(t[5:] for t in tests)], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return (1 if ran.returncode != 0 else 0), ran.stdout
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                          *tests], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    return ran.returncode, ran.stdout
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="substrings of mutant names (default: all)")
     parser.add_argument("--out", default=None, help="folder for the log of each mutant")
+    parser.add_argument("--core", action="store_true",
+                        help="only the host-runtime mutants (no GPU needed; needs build/)")
     args = parser.parse_args()
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-    chosen = [m for m in MUTANTS if not args.names or any(n in m[0] for n in args.names)]
+    chosen = [m for m in MUTANTS if (not args.names or any(n in m[0] for n in args.names))
+              and (not args.core or m[4][0].startswith("core:"))]
     rows, survived = [], 0
     try:
         survived = run_all(chosen, args.out, rows)
-    finally:   # whatever happened, the extension is built from the source again
-        restored = build()
+    finally:   # whatever happened, what was built is built from the source again
+        restored = build(core=args.core)
     print("\n| mutant | outcome |\n|---|---|")
     for name, outcome, _ in rows:
         print(f"| {name} | {outcome} |")
@@ -109,17 +172,13 @@ def run_all(chosen, out, rows):
         t0 = time.time()
         try:
             open(full, "w").write(original.replace(text, replacement))
-            made = build()
+            made = build(core=tests[0].startswith("core:"))
             if made.returncode != 0:
                 outcome = "did not build"
                 log = made.stdout
             else:
-                ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p",
-                                      "no:cacheprovider", *tests], cwd=ROOT,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                log = ran.stdout
-                outcome = "killed" if ran.returncode == 1 else \
-                    "SURVIVED" if ran.returncode == 0 else f"pytest rc={ran.returncode}"
+                rc, log = run_tests(tests)
+                outcome = "killed" if rc == 1 else "SURVIVED" if rc == 0 else f"tests rc={rc}"
         finally:
             open(full, "w").write(original)
         survived += outcome != "killed"

@@ -29,8 +29,8 @@ __all__ = [
     "memory_stats", "memory_summary", "memory_snapshot",
     "empty_cache", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
     "set_memory_cap", "get_memory_cap", "set_release_threshold", "ADVICE",
-    "set_residency_limit", "get_residency_limit", "residency_stats", "offload", "prefetching",
-    "evict",
+    "set_residency_limit", "get_residency_limit", "residency_stats", "residency_shares",
+    "offload", "prefetching", "evict",
     "bring",
 ]
 
@@ -267,7 +267,7 @@ def _validate_environment() -> None:
 
 from .offload import offload  # noqa: E402
 from .residency import (bring, evict, get_residency_limit, prefetching,  # noqa: E402
-                        residency_stats, set_residency_limit)
+                        residency_shares, residency_stats, set_residency_limit)
 
 _install_tensor_methods()
 _validate_environment()

@@ -56,13 +56,13 @@ def _residency_rows(stats: Dict[str, int], width: int, line: str):
             return stats.get(f"residency.{d}.{key}", 0)
         limit = get("limit")
         rows += [
-            "|" + f" Residency on {d}: budget "
+            "|" + f" Residency on {d}: limit "
                   f"{_bytes(limit).strip() if limit else 'none'}".ljust(width - 2) + "|",
             "|" + f"   resident {_bytes(get('resident_bytes.current')).strip()}, peak "
-                  f"{_bytes(get('resident_bytes.peak')).strip()}, prefetched "
+                  f"{_bytes(get('resident_bytes.peak')).strip()}, brought "
                   f"{_bytes(get('prefetched_bytes')).strip()}".ljust(width - 2) + "|",
         ]
-        for how in ("drop_copy", "migrate", "discard"):
+        for how in ("drop", "write_home", "discard"):
             rows.append("|" + f"   evictions by {how}: {get('evictions.' + how)} "
                               f"({_bytes(get('evicted_bytes.' + how)).strip()})"
                               .ljust(width - 2) + "|")

@@ -1,6 +1,13 @@
-"""Model offload: a module's weights under a residency budget (residency.py),
-a resident prefix and the rest streamed, for inference and training
-(the training side, backward and the optimizer: offload_training.py)."""
+"""Model offload: a module's weights streamed through a share of a GPU's
+residency budget (the offload's own budget): a resident prefix stays, the
+rest is read in place or brought one submodule ahead, for inference and
+training.
+
+The per-submodule work (bring, wait, evict, write home) is the C++
+executor's (csrc/torch/stream_executor.h), and what stays is core/
+residency's policy; this file chooses the mode, installs the hooks that call
+the executor, and puts the module back on undo. Backward, gradients and the
+optimizer: offload_training.py."""
 from __future__ import annotations
 
 import types
@@ -10,21 +17,24 @@ from typing import Dict, List, Optional
 import torch
 
 from . import _C, offload_training
-from .residency import (_BUDGET, _ENDED, _LEASES, _LOCK, _Lease, _Range, _advise_streamed,
-                        _bring, _collect_dropped_offloads, _cuda, _end_lease, _set_busy,
-                        _span_bytes, get_residency_limit)
+from .residency import _cuda, _end_lease, _open_lease, _span_bytes, get_residency_limit
+
 
 class _Unit:
     """A module with parameters or buffers of its own, streamed as one."""
-    __slots__ = ("name", "module", "ranges", "nbytes", "ready", "resident", "grads_expected",
-                 "grads_seen")
+    __slots__ = ("name", "module", "targets", "trainable", "index", "grads_expected",
+                 "grads_seen", "stepped")
 
-    def __init__(self, name: str, module: torch.nn.Module, ranges: List[_Range]):
-        self.name, self.module, self.ranges = name, module, ranges
-        self.nbytes = sum(r.nbytes for r in ranges)
-        self.ready: Optional[torch.cuda.Event] = None
-        self.resident = False
+    def __init__(self, name: str, module: torch.nn.Module, targets: List[torch.Tensor]):
+        self.name, self.module, self.targets = name, module, targets
+        self.trainable: List[torch.nn.Parameter] = []   # whose gradients it streams
+        self.index = -1                                  # in the executor
         self.grads_expected = self.grads_seen = 0
+        self.stepped = False                             # in this backward
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_span_bytes(t) for t in {id(t): t for t in self.targets}.values())
 
 
 MODES = ("auto", "in_place", "prefetch")
@@ -32,6 +42,10 @@ MODES = ("auto", "in_place", "prefetch")
 # a GEMM of 16 or 128 rows reads a weight in host memory as fast as a pinned
 # copy of it, one of 1024 rows 4x slower (benchmarks/results/*-mechanisms.md).
 IN_PLACE_MAX_ROWS = 128
+# What training streams beside the resident prefix, in units of the largest
+# submodule: `ahead + 1` submodules' weights, and one submodule's gradients
+# and two optimizer states while it steps.
+TRAINING_EXTRA = 3
 
 
 def _rows(obj) -> int:
@@ -51,136 +65,114 @@ def _rows(obj) -> int:
     return 0
 
 
+def window_bytes(mode: str, training: bool, ahead: int, largest: int) -> int:
+    """The budget that streaming needs beside the resident prefix."""
+    if training:
+        return (ahead + 1 + TRAINING_EXTRA) * largest
+    return 0 if mode == "in_place" else (ahead + 1) * largest
+
+
 class Offloaded:
     """What :func:`offload` did to a module; :meth:`undo` reverses it."""
 
-    def __init__(self, module, device, budget, ahead, mode, units, handles, originals):
+    def __init__(self, module, device, budget, ahead, mode, units, handles, originals, lease):
         self.module, self.device, self.budget, self.ahead = module, device, budget, ahead
         self.mode = mode              # "auto" until the first forward decides
         self.units: List[_Unit] = units
-        self.order: List[_Unit] = []
-        self.learned = False
-        self.side = torch.cuda.Stream(device)
+        self.training = False         # the first forward built a graph
+        self.executor = None          # made by the first forward, once the mode is known
+        self.step_in_backward = False
         self._handles = handles
         self._originals = originals
-        self._lease = _Lease(device, budget, type(module).__name__, self._ranges())
-        # dropped without undo: the next sweep gives back what it held
-        self._finalizer = weakref.finalize(self, _ENDED.append, self._lease)
+        self._lease = lease
+        # dropped without undo: its share is given back when it is collected
+        self._finalizer = weakref.finalize(self, _end_lease, lease)
         self._finalizer.atexit = False
-        self._advised = False
-        self.training = False         # the first forward built a graph
-        self._pinned: set = set()     # addresses of the resident units' ranges
         self._optimizers: List[tuple] = []   # (optimizer, its own step)
+        self._backward = offload_training.BackwardState()
 
-    def _ranges(self) -> List[_Range]:
-        unique = {}
-        for u in self.units:
-            for r in u.ranges:
-                unique.setdefault(r.address, r)
-        return list(unique.values())
+    @property
+    def learned(self) -> bool:
+        return self.executor is not None and self.executor.planned()
+
+    def resident_units(self) -> List[_Unit]:
+        """The submodules that stay on the GPU (after the first forward)."""
+        return [u for u in self.units if self.learned and self.executor.resident(u.index)]
+
+    def units_in_order(self) -> List[_Unit]:
+        """The submodules in the order the first forward ran them."""
+        if not self.learned:
+            return list(self.units)
+        return [self.units[i] for i in self.executor.order()]
+
+    def bytes_on_gpu(self) -> int:
+        """The bytes of the module's weights in GPU memory now."""
+        return 0 if self.executor is None else \
+            sum(self.executor.bytes_on_gpu(u.index) for u in self.units)
+
+    def residency_stats(self) -> Dict[str, int]:
+        """This offload's share: its budget, bytes resident (current and
+        peak), bytes brought, and evictions by how they left."""
+        return dict(_C.residency_budget().share_stats(self._lease.share))
 
     def _begin(self, args, kwargs) -> None:
-        """Before the module's first forward: choose how its weights stream."""
-        if self._advised:
+        """Before each forward; before the first, choose how its weights stream."""
+        if self.executor is not None:
+            self.executor.end_pass()   # what an interrupted pass left held
             return
-        self._advised = True
         self.training = torch.is_grad_enabled()
         if self.mode == "auto":
             small = _rows((args, kwargs)) <= IN_PLACE_MAX_ROWS
             self.mode = "in_place" if small and not self.training else "prefetch"
-        # training writes the weights every step: a GPU write to a read-mostly
-        # page is a fault that collapses its copies (54 s a step in the first
-        # run of benchmarks/offload_generate_train.py), so they migrate instead
-        _advise_streamed(self._ranges(), self.device, in_place=self.mode == "in_place",
-                         read_mostly=not self.training)
+        executor = _C.StreamExecutor(self._lease.share, self.device, self.ahead,
+                                     self.mode == "in_place")
+        for u in self.units:
+            u.index = executor.add_unit(u.name, u.targets, u.trainable)
+        self.executor = self._lease.executor = executor
 
-    # the order of the first forward decides what stays resident
-    def _plan(self) -> None:
-        self.learned = True
-        seen = set()
-        order = [u for u in self.order if not (id(u) in seen or seen.add(id(u)))]
-        order += [u for u in self.units if id(u) not in seen]
-        self.order = order
-        # read in place, streamed weights take no GPU memory: no window
-        window = 0 if self.mode == "in_place" else \
-            (self.ahead + 1) * max((u.nbytes for u in order), default=0)
-        # training: gradients and optimizer states share the budget, so
-        # nothing is pinned resident; least recently used decides
-        room = 0 if self.training else self.budget - window
-        for u in order:               # a resident prefix: it never leaves
-            if u.nbytes <= room:
-                room -= u.nbytes
-                u.resident = True
-            else:
-                break
-        streamed = [u for u in order if not u.resident]
-        if not streamed and not self.training:   # everything fits: nothing streams
-            for u in order:
-                u.resident = True
-        for u in order:
-            if u.resident:
-                _bring(u.ranges, self.device, torch.cuda.current_stream(self.device), self.training)
-                _set_busy(u.ranges, True)
-                self._pinned.update(r.address for r in u.ranges)
-
-    def _pre(self, unit: _Unit) -> None:
+    def _pre(self, unit: _Unit, args) -> None:
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"torch_uvm: the offloaded module '{unit.name}' ran inside a CUDA "
                                "graph capture; streamed weights cannot be captured. Undo the "
                                "offload (or give it a budget that holds the whole model) first.")
-        compute = torch.cuda.current_stream(self.device)
-        if not self.learned:
-            self.order.append(unit)
-            if self.mode == "prefetch":
-                _bring(unit.ranges, self.device, compute, self.training)
-                _set_busy(unit.ranges, True)
-            return
-        if self.mode == "in_place":   # resident, or read where it is
-            return
-        if unit.ready is not None:
-            compute.wait_event(unit.ready)
-            unit.ready = None
-        if not unit.resident:         # prefetched: only touched; else (left since) brought
-            _bring(unit.ranges, self.device, compute, self.training)
-        _set_busy(unit.ranges, True)
-        for u in self._upcoming(unit):   # the next `ahead` streamed units
-            if u.ready is None:
-                # No wait for the compute stream: what leaves for room was
-                # waited for on the host (_evict), and u is not in use.
-                with torch.cuda.stream(self.side):
-                    _bring(u.ranges, self.device, self.side, self.training)
-                    u.ready = self.side.record_event()
-                _set_busy(u.ranges, True)        # until it has run
-
-    def _upcoming(self, unit: _Unit) -> List[_Unit]:
-        """The `ahead` streamed units that run after `unit`, wrapping round
-        to the next forward."""
-        i = self.order.index(unit)
-        # training: backward, not the next forward, follows the last unit
-        cyclic = self.order[i + 1:] + ([] if self.training else self.order[:i + 1])
-        return [u for u in cyclic if not u.resident and u is not unit][:self.ahead]
+        if self.executor is None:      # a submodule called on its own first
+            self._begin(args, {})
+        self.executor.before(unit.index, False)
 
     def _post(self, unit: _Unit, output=None) -> None:
+        if self.executor is None:
+            return
+        self.executor.after(unit.index)
         offload_training.after_forward(self, unit, output)
-        if self.mode == "in_place" and not unit.resident:
-            return                    # read in place: nothing was brought
-        done = torch.cuda.current_stream(self.device).record_event()
-        for r in unit.ranges:
-            r.last_use = done
-        if not unit.resident or not self.learned:
-            self._unpin(unit.ranges)
 
-    def _unpin(self, ranges: List[_Range]) -> None:
-        """Not busy any more, except a weight shared with a resident unit."""
-        _set_busy([r for r in ranges if r.address not in self._pinned], False)
+    def _end_forward(self) -> None:
+        executor = self.executor
+        if executor is None:
+            return
+        if not executor.planned():
+            largest = max(u.nbytes for u in self.units)
+            executor.plan(window_bytes(self.mode, self.training, self.ahead, largest),
+                          self.training)
+        executor.end_pass()
 
-    def stream_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    def stream_optimizer(self, optimizer: torch.optim.Optimizer,
+                         step_in_backward: bool = False) -> torch.optim.Optimizer:
         """Make `optimizer.step()` step one submodule at a time within the
-        budget (offload_training.py). Create the optimizer after offload; its
-        states are managed (UVM on) and count in the budget. Returns it."""
+        budget: its weights, gradients and states are brought to the GPU,
+        the optimizer's own step runs on them, and what it wrote goes home
+        (offload_training.py). Create the optimizer after offload. Returns it.
+
+        `step_in_backward`: each submodule steps during backward, as soon as
+        its gradients are complete, and its gradients are then set to None:
+        they never leave the GPU (the fastest way; PyTorch's
+        optimizer-in-backward). ``optimizer.step()`` then only finishes what
+        backward did not step. Gradients are not there after backward (no
+        clipping by global norm, no accumulation over several backwards:
+        use the default for those)."""
         offload_training.check_optimizer(self, optimizer)
         own = optimizer.step
         self._optimizers.append((optimizer, own))
+        self.step_in_backward = bool(step_in_backward)
         # a method, as LR schedulers expect of optimizer.step
         optimizer.step = types.MethodType(
             lambda opt, closure=None: self._step(opt, own, closure), optimizer)
@@ -192,22 +184,17 @@ class Offloaded:
                              "closure (forward and backward) first, then step()")
         offload_training.step(self, optimizer, own)
 
-    def finish_first_forward(self) -> None:
-        if not self.learned:
-            for u in self.units:
-                _set_busy(u.ranges, False)
-            self._plan()
-
     def undo(self) -> None:
-        """Stop streaming: hooks removed, advice unset, parameters and buffers
-        back to the tensors they were (their values included)."""
-        torch.cuda.synchronize(self.device)
+        """Stop streaming: hooks removed, parameters and buffers back to the
+        tensors they were (their values included); what was on the GPU went
+        home first, and the share of the budget is given back."""
         for h in self._handles:
             h.remove()
         offload_training.forget(self)
-        for optimizer, _ in self._optimizers:
-            optimizer.__dict__.pop("step", None)   # the class's step again
-        self._optimizers.clear()
+        if self.executor is not None:
+            self.executor.evict_all()
+            self.executor.end_pass()
+        torch.cuda.synchronize(self.device)   # the homes are read on the CPU below
         self._finalizer.detach()
         _end_lease(self._lease)
         with torch.no_grad():
@@ -218,6 +205,7 @@ class Offloaded:
                     owner._parameters[name] = original
                 else:
                     owner._buffers[name] = original
+        self.executor = self._lease.executor = None
         del self.module._torch_uvm_offloaded
 
 
@@ -230,33 +218,51 @@ def _direct_tensors(module: torch.nn.Module):
             yield name, b, "buffer"
 
 
+def _home_for(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t`'s value in managed memory homed on the CPU, owning its storage
+    from its start, seen on `device`: `t`'s own memory when it already is
+    such, else a copy."""
+    t = t.detach()
+    reusable = _C.managed_home(t) == -1 and t.storage_offset() == 0 and \
+        t.untyped_storage().nbytes() == _span_bytes(t)
+    managed = t if reusable else _C.manage_memory(t.to("cpu"))
+    return _C.alias_on_device(managed, device)
+
+
 def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
             ahead: int = 1, mode: str = "auto") -> Offloaded:
     """Run `module` on `device` with at most `budget` bytes of its weights
-    resident there (default: the device's residency limit).
+    in GPU memory (default: the device's residency limit).
 
-    Parameters and buffers become managed tensors seen on `device` (the
-    module's tensors are replaced; their values are kept). The first forward
-    learns the order in which submodules run; after it, the longest prefix of
-    that order that fits the budget (less a window of ``ahead + 1`` of the
-    largest submodules) stays resident, and the rest streams: while submodule
-    i runs, the next `ahead` are prefetched on a side stream, and the least
-    recently used leave. For inference (``torch.no_grad()``, ``generate``).
+    The budget is this module's own share of the GPU: several offloaded
+    modules each stream within theirs, and their budgets add up to at most
+    the device's residency limit (or, without one, the managed memory cap);
+    a budget that does not fit beside the others is refused, naming them.
+
+    Parameters and buffers become tensors on `device` whose home is managed
+    memory on the CPU (the module's tensors are replaced; their values are
+    kept). The first forward learns the order in which submodules run;
+    after it, the longest prefix of that order that fits the budget (less
+    the window streaming needs) stays on the GPU, and the rest streams:
+    while submodule i runs, the next `ahead` are copied to GPU memory on a
+    side stream, and the least recently used leave (written ones are copied
+    home). For inference (``torch.no_grad()``, ``generate``) and training
+    (see :meth:`Offloaded.stream_optimizer`).
 
     `mode` says how the streamed weights reach the kernels:
     ``"in_place"``: kernels read them in host memory over PCIe, with no GPU
     memory and no window (the whole budget stays resident); as fast as a
-    pinned copy for small batches. ``"prefetch"``: read-mostly GPU copies
-    made `ahead` submodules early and dropped after use. ``"auto"``
-    (default): in place when the first forward runs without grad on inputs
-    of at most IN_PLACE_MAX_ROWS rows (tokens), else prefetch.
+    copy for small batches. ``"prefetch"``: copied to the GPU `ahead`
+    submodules early and let go after use. ``"auto"`` (default): in place
+    when the first forward runs without grad on inputs of at most
+    IN_PLACE_MAX_ROWS rows (tokens), else prefetch.
     Returns a handle whose ``undo()`` puts the module back."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"offload expects a torch.nn.Module, got {type(module).__name__}")
     if getattr(module, "_torch_uvm_offloaded", None) is not None:
         raise RuntimeError("torch_uvm: this module is already offloaded; call undo() on the "
                            "handle offload returned before offloading it again")
-    if not isinstance(ahead, int) or ahead < 1:
+    if not isinstance(ahead, int) or isinstance(ahead, bool) or ahead < 1:
         raise ValueError(f"ahead must be a positive int, got {ahead!r}")
     if mode not in MODES:
         raise ValueError(f"torch_uvm: offload mode must be one of {MODES}, got {mode!r}")
@@ -300,59 +306,40 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
                          f"'{largest[0]}' ({largest[3]} bytes): it needs at least {window} "
                          f"bytes (ahead + 1 = {ahead + 1} of the largest submodule). Raise "
                          f"the budget, lower ahead, or read it in place (mode='in_place')")
-    limit = get_residency_limit(device)
-    if limit is not None and budget > limit:
-        _collect_dropped_offloads()   # a limit set by one goes with it
-        limit = get_residency_limit(device)
-    if limit is not None and budget > limit:
-        raise ValueError(f"torch_uvm: a budget of {budget} bytes is above {device}'s residency "
-                         f"limit ({limit} bytes): raise the limit (set_residency_limit) or "
-                         f"lower the budget")
     # Phase 1 makes every replacement and changes nothing in the module, so
     # a failure here (out of memory, say) leaves it as it was.
-    shared: Dict[int, tuple] = {}     # id(tensor) -> (its replacement, _Range or None): tied
+    shared: Dict[int, torch.Tensor] = {}     # id(tensor) -> its replacement: tied stay tied
     with torch.no_grad():
         for _, _, own, _ in plan:
             for _, t, kind in own:
                 if id(t) in shared:
                     continue
-                if t.numel() == 0:    # no memory to manage: it just moves
-                    seen, r = t.detach().to(device), None
-                else:
-                    managed = t.detach() if _C.is_managed(t) else \
-                        _C.manage_memory(t.detach().to("cpu"))
-                    seen = _C.alias_on_device(managed, device) \
-                        if managed.device != device else managed
-                    r = _Range(managed, owned=True)
+                # no memory to manage: it just moves
+                seen = t.detach().to(device) if t.numel() == 0 else _home_for(t, device)
                 if kind == "param":
                     seen = torch.nn.Parameter(seen, requires_grad=t.requires_grad)
-                shared[id(t)] = (seen, r)
+                shared[id(t)] = seen
+    # Its own share of the GPU, or a clear refusal (nothing changed yet).
+    lease = _open_lease(device, budget, type(module).__name__)
     # Phase 2 puts them in: dictionary stores, which cannot fail half-way.
     originals, units, handles = {}, [], []
     for name, m, own, _ in plan:
-        ranges = []
+        targets = []
         for tname, t, kind in own:
-            seen, r = shared[id(t)]
+            seen = shared[id(t)]
             originals[(m, tname, kind)] = t
             (m._parameters if kind == "param" else m._buffers)[tname] = seen
-            if r is not None and all(x is not r for x in ranges):
-                ranges.append(r)
-        units.append(_Unit(name, m, ranges))
-    handle = Offloaded(module, device, budget, ahead, mode, units, handles, originals)
+            if seen.numel() > 0 and all(x is not seen for x in targets):
+                targets.append(seen)
+        units.append(_Unit(name, m, targets))
+    handle = Offloaded(module, device, budget, ahead, mode, units, handles, originals, lease)
     handles.append(module.register_forward_pre_hook(
         lambda _m, args, kwargs: handle._begin(args, kwargs), with_kwargs=True))
     for u in units:
-        handles.append(u.module.register_forward_pre_hook(
-            lambda _m, _a, u=u: handle._pre(u)))
+        handles.append(u.module.register_forward_pre_hook(lambda _m, a, u=u: handle._pre(u, a)))
         handles.append(u.module.register_forward_hook(
             lambda _m, _a, out, u=u: handle._post(u, out)))
-    handles.append(module.register_forward_hook(
-        lambda _m, _a, _o: handle.finish_first_forward()))
+    handles.append(module.register_forward_hook(lambda _m, _a, _o: handle._end_forward()))
     offload_training.install(handle)
-    with _LOCK:
-        if limit is None:   # the budget becomes the device's residency limit
-            _BUDGET.set_limit(device.index, budget)
-            handle._lease.owns_limit = True
-        _LEASES.add(handle._lease)
     module._torch_uvm_offloaded = handle
     return handle

@@ -1,37 +1,46 @@
-"""Training an offloaded module under its residency budget.
+"""Training an offloaded module under its budget: backward, gradients and the
+optimizer. The bytes move in the C++ executor (csrc/torch/stream_executor.h);
+this file decides when.
 
 * Backward needs each submodule's weights again, in reverse order: a hook on
   the submodule's forward output brings them back before its backward, and
-  prefetches the `ahead` submodules that backward reaches next.
-* The weights are not advised read-mostly (a write to a read-mostly page is
-  a fault that collapses its copies, slow); counted as written, they migrate.
-* Gradients and optimizer states are managed memory (UVM on), counted in the
-  same budget as written ranges: when they leave the GPU they migrate home.
-  A gradient set to None is forgotten, never migrated.
-* The optimizer steps one submodule at a time (`Offloaded.stream_optimizer`):
-  its weights, gradients and states are brought, the step runs on them alone,
-  and the weights are marked written, so they migrate when they leave. The
-  step's arithmetic is the optimizer's own, per element, so losses equal an
+  the next `ahead` submodules that backward reaches are brought meanwhile.
+* A submodule's gradients, once complete, are counted in the budget and
+  written home at once by a copy (the parameters' ``.grad`` then live in
+  host memory, and an optimizer can read them anywhere).
+* ``optimizer.step()`` (after :meth:`Offloaded.stream_optimizer`) steps one
+  submodule at a time: its weights, gradients and states come to the GPU,
+  the optimizer's own step runs on them alone, and what it wrote goes home
+  by a copy. States the step makes are adopted the same way. A fused
+  optimizer (``fused=True``: one pass) reads and writes its states in place
+  in host memory instead, which overlaps both directions of the link. The step's
+  arithmetic is the optimizer's own, per element, so losses equal an
   all-resident run's.
+* With ``step_in_backward``, a submodule steps as soon as its gradients are
+  complete, while its weights are still on the GPU; its gradients are then
+  set to None and never leave the GPU.
 """
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import TYPE_CHECKING, Dict, List
 
 import torch
 from torch.utils._pytree import tree_leaves
 
-from . import _C
-from .residency import (_BUDGET, _LOCK, _RANGES, _Range, _admit_written, _bring, _range_for,
-                        _set_busy)
-
 if TYPE_CHECKING:
     from .offload import Offloaded, _Unit
 
-# What one submodule's optimizer step holds on the GPU, in units of its
-# weights: weights, gradients and two states (Adam's moments).
-STEP_FOOTPRINT = 4
+
+class BackwardState:
+    """What one offload knows of the backward under way."""
+    __slots__ = ("active", "frozen_running", "stepped_since_step")
+
+    def __init__(self):
+        self.active = False           # a backward runs: its end is queued
+        self.frozen_running: List["_Unit"] = []   # brought, no gradient will release them
+        self.stepped_since_step = False           # step_in_backward stepped, step() not called
 
 
 def trainable(unit: "_Unit") -> List[torch.nn.Parameter]:
@@ -41,7 +50,8 @@ def trainable(unit: "_Unit") -> List[torch.nn.Parameter]:
 
 def install(handle: "Offloaded") -> None:
     """Hooks for backward: after each accumulated gradient, count it; when a
-    submodule has all of its gradients, release its weights."""
+    submodule has all of its gradients, hand them to the executor. A tied
+    weight streams its gradient with its first user."""
     owner: Dict[int, "_Unit"] = {}
     # A tensor's hooks are held in C++, out of the collector's reach: one that
     # held the handle (or a unit, which holds its module) would keep a module
@@ -49,26 +59,29 @@ def install(handle: "Offloaded") -> None:
     ref = weakref.ref(handle)
     for i, u in enumerate(handle.units):
         for p in trainable(u):
-            if id(p) not in owner:    # a tied weight counts for its first user
+            if id(p) not in owner:
                 owner[id(p)] = u
+                u.trainable.append(p)
                 handle._handles.append(p.register_post_accumulate_grad_hook(
-                    lambda p, ref=ref, i=i: _on_grad(ref, i, p)))
+                    lambda p, ref=ref, i=i: _on_grad(ref, i)))
     for u in handle.units:
-        u.grads_expected = sum(owner.get(id(p)) is u for p in trainable(u))
+        u.grads_expected = len(u.trainable)
 
 
 def after_forward(handle: "Offloaded", unit: "_Unit", output) -> None:
     """In a forward that builds a graph, hooks on `unit`'s outputs (tensors,
     containers, model outputs) run before its backward: the first one that
     fires brings the weights back."""
-    if not torch.is_grad_enabled() or handle.mode != "prefetch":
+    if not torch.is_grad_enabled() or handle.executor is None:
         return
     armed = [True]
+    ref = weakref.ref(handle)
 
     def hook(_grad):
-        if armed[0]:
+        h = ref()
+        if armed[0] and h is not None:
             armed[0] = False
-            before_backward(handle, unit)
+            before_backward(h, unit)
     leaves = tree_leaves(output) if not hasattr(output, "to_tuple") else list(output.to_tuple())
     for t in leaves:
         if isinstance(t, torch.Tensor) and t.requires_grad:
@@ -76,54 +89,75 @@ def after_forward(handle: "Offloaded", unit: "_Unit", output) -> None:
 
 
 def before_backward(handle: "Offloaded", unit: "_Unit") -> None:
-    compute = torch.cuda.current_stream(handle.device)
-    with _LOCK:
-        if unit.ready is not None:
-            compute.wait_event(unit.ready)
-            unit.ready = None
-        _bring(unit.ranges, handle.device, compute, True)
-        _set_busy(unit.ranges, True)
-        unit.grads_seen = 0
-        order = handle.order[::-1]
-        i = order.index(unit)
-        for u in [u for u in order[i + 1:] if not u.resident][:handle.ahead]:
-            if u.ready is None:
-                with torch.cuda.stream(handle.side):
-                    _bring(u.ranges, handle.device, handle.side, True)
-                    u.ready = handle.side.record_event()
-                _set_busy(u.ranges, True)
+    state = handle._backward
+    if not state.active:
+        if handle.step_in_backward and state.stepped_since_step:
+            raise RuntimeError(
+                "torch_uvm: a second backward before optimizer.step(): with step_in_backward, "
+                "each submodule already stepped during the last backward. Call "
+                "optimizer.step() after every backward; to accumulate gradients over several, "
+                "use stream_optimizer(optimizer, step_in_backward=False)")
+        state.active = True
+        ref = weakref.ref(handle)
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: _end_backward(ref))
+    executor = handle.executor
+    # submodules without gradients of their own were running: done by now
+    for u in state.frozen_running:
+        executor.after(u.index)
+    state.frozen_running.clear()
+    executor.before(unit.index, True)
+    unit.grads_seen = 0
+    if unit.grads_expected == 0:
+        state.frozen_running.append(unit)
 
 
-def _on_grad(ref: "weakref.ref[Offloaded]", i: int, p: torch.nn.Parameter) -> None:
+def _on_grad(ref: "weakref.ref[Offloaded]", i: int) -> None:
     handle = ref()
-    if handle is not None:
-        grad_ready(handle, handle.units[i], p)
-
-
-def grad_ready(handle: "Offloaded", unit: "_Unit", p: torch.nn.Parameter) -> None:
-    grad = p.grad
-    if grad is None:
+    if handle is None or handle.executor is None:
         return
-    if not _C.is_managed(grad):
-        raise RuntimeError(
-            f"torch_uvm: the gradient of '{unit.name}' is not managed memory, so the residency "
-            "budget cannot hold it. Training an offloaded module needs UVM on: call "
-            "torch_uvm.set_enabled_uvm(True) (or set PYTORCH_ENABLE_UNIFIED_MEMORY=1) before "
-            "the first backward")
-    compute = torch.cuda.current_stream(handle.device)
-    r = _range_for(grad, track=True)
-    r.last_use = compute.record_event()   # written by kernels still queued
-    _admit_written([r], handle.device, compute)
+    unit = handle.units[i]
     unit.grads_seen += 1
-    if unit.grads_seen >= unit.grads_expected and not unit.resident:
-        for w in unit.ranges:
-            w.last_use = r.last_use
-        handle._unpin(unit.ranges)
+    if unit.grads_seen == unit.grads_expected:
+        _grads_complete(handle, unit)
+
+
+def _grads_complete(handle: "Offloaded", unit: "_Unit") -> None:
+    executor = handle.executor
+    if not handle.step_in_backward or not handle._optimizers:
+        executor.grads_ready(unit.index, True)
+        return
+    executor.grads_ready(unit.index, False)
+    for optimizer, own in handle._optimizers:
+        _step_unit(handle, optimizer, own, unit, with_grads=False)
+    for p in unit.trainable:
+        p.grad = None
+    executor.discard_grads(unit.index)
+    unit.stepped = True
+    handle._backward.stepped_since_step = True
+
+
+def _end_backward(ref: "weakref.ref[Offloaded]") -> None:
+    handle = ref()
+    if handle is None or handle.executor is None:
+        return
+    state = handle._backward
+    state.active = False
+    state.frozen_running.clear()
+    for u in handle.units:            # some gradients never came (an unused branch)
+        if 0 < u.grads_seen < u.grads_expected:
+            u.grads_seen = 0
+            handle.executor.grads_ready(u.index, True)
+    handle.executor.end_pass()
 
 
 def state_tensors(optimizer: torch.optim.Optimizer, p) -> List[torch.Tensor]:
     return [t for t in optimizer.state.get(p, {}).values()
-            if isinstance(t, torch.Tensor) and t.is_cuda and _C.is_managed(t)]
+            if isinstance(t, torch.Tensor) and t.is_cuda]
+
+
+def fused(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether every group steps in one fused pass (fused=True)."""
+    return all(g.get("fused") for g in optimizer.param_groups)
 
 
 def check_optimizer(handle: "Offloaded", optimizer: torch.optim.Optimizer) -> None:
@@ -138,73 +172,77 @@ def check_optimizer(handle: "Offloaded", optimizer: torch.optim.Optimizer) -> No
             f"torch_uvm: the optimizer holds {len(foreign)} parameter(s) that are not the "
             "offloaded module's: offload replaces the module's parameters, so create the "
             "optimizer after torch_uvm.offload")
+    from .offload import window_bytes
     largest = max(handle.units, key=lambda u: u.nbytes)
-    need = STEP_FOOTPRINT * largest.nbytes
+    need = window_bytes(handle.mode, True, handle.ahead, largest.nbytes)
     if need > handle.budget:
         raise ValueError(
             f"torch_uvm: a budget of {handle.budget} bytes cannot hold the optimizer step of "
-            f"submodule '{largest.name}': its weights, gradients and two states take {need} "
-            f"bytes. Raise the budget")
+            f"submodule '{largest.name}': with ahead + 1 = {handle.ahead + 1} submodules "
+            f"streaming, its weights, gradients and two states take {need} bytes. Raise the "
+            f"budget or lower ahead")
 
 
-def step(handle: "Offloaded", optimizer: torch.optim.Optimizer, original_step):
-    """`optimizer.step()` one submodule at a time, each within the budget."""
-    device = handle.device
-    compute = torch.cuda.current_stream(device)
+def _step_unit(handle: "Offloaded", optimizer, own, unit: "_Unit", with_grads: bool) -> bool:
+    """The optimizer's own step on `unit`'s parameters alone, on the GPU.
+    Returns whether it stepped anything."""
     groups = optimizer.param_groups
+    ids = {id(p) for p in unit.trainable if p.grad is not None}
+    if not ids:
+        return False
+    params = [p for p in unit.trainable if id(p) in ids]
+    grads = [p.grad for p in params] if with_grads else []
+    # A fused step reads and writes each state once: in place in host memory
+    # it overlaps both directions of the link (benchmarks/results/
+    # *-s9-mechanisms.md, adamw); a step of several passes gets them copied.
+    before = [] if fused(optimizer) else [t for p in params for t in state_tensors(optimizer, p)]
+    executor = handle.executor
+    executor.bring(params + grads + before)
     saved = [g["params"] for g in groups]
-    with _LOCK:
-        for u in handle.units:        # a unit left busy by a partial backward
-            if not u.resident:
-                handle._unpin(u.ranges)
-                u.ready = None
-    stepped: set = set()              # a tied weight steps once
     try:
-        for u in handle.order or handle.units:
-            params = [p for p in trainable(u) if p.grad is not None and id(p) not in stepped]
-            if not params:
-                continue
-            ids = {id(p) for p in params}
-            stepped |= ids
-            grads = [_range_for(p.grad, track=True) for p in params]
-            states = [_range_for(t, track=True) for p in params for t in state_tensors(optimizer, p)]
-            ranges: List[_Range] = list(u.ranges) + grads + states
-            _bring(ranges, device, compute, written=True)
-            _set_busy(ranges, True)
-            new: List[_Range] = []
-            try:
-                for g, all_params in zip(groups, saved):
-                    g["params"] = [p for p in all_params if id(p) in ids]
-                original_step()
-                for g, all_params in zip(groups, saved):
-                    g["params"] = all_params
-                new = [_range_for(t, track=True) for p in params
-                       for t in state_tensors(optimizer, p)]
-                new = [r for r in new if all(r is not s for s in states)]
-                done = compute.record_event()
-                for r in ranges + new:
-                    r.last_use = done
-                _admit_written(new, device, compute)
-                with _LOCK:
-                    for r in u.ranges:
-                        _BUDGET.mark_written(r.address)
-            finally:
-                handle._unpin(ranges + new)
-                if u.resident:
-                    _set_busy(u.ranges, True)
+        for g, all_params in zip(groups, saved):
+            g["params"] = [p for p in all_params if id(p) in ids]
+        own()
     finally:
         for g, all_params in zip(groups, saved):
             g["params"] = all_params
+        after = [t for p in params for t in state_tensors(optimizer, p)]
+        # (also when the step failed half-way: what it may have written goes home)
+        executor.step_done(params + grads + after, params + after)
+    return True
+
+
+def step(handle: "Offloaded", optimizer: torch.optim.Optimizer, original_step) -> None:
+    """`optimizer.step()` one submodule at a time, each within the budget.
+    Submodules that stepped in backward (step_in_backward) are skipped."""
+    if handle.executor is None:
+        return
+    stepped: List[str] = []
+    try:
+        for u in handle.units_in_order():
+            if u.stepped:
+                continue
+            try:
+                if _step_unit(handle, optimizer, original_step, u, with_grads=True):
+                    stepped.append(u.name)
+            except BaseException as e:
+                note = (f"torch_uvm: the streamed optimizer step failed in submodule '{u.name}'; "
+                        f"{len(stepped)} submodule(s) had stepped: {stepped[:8]}"
+                        f"{' ...' if len(stepped) > 8 else ''}. Nothing is held on the GPU for it; "
+                        f"the module is consistent (undo() gives it back)")
+                if sys.version_info >= (3, 11):
+                    e.add_note(note)
+                    raise
+                raise RuntimeError(note) from e
+    finally:
+        for u in handle.units:
+            u.stepped = False
+        handle._backward.stepped_since_step = False
+        handle.executor.end_pass()
 
 
 def forget(handle: "Offloaded") -> None:
-    """On undo: the gradients and optimizer states of the module's
-    parameters leave the budget's books (they stay where they are)."""
-    tensors = [p.grad for u in handle.units for p in trainable(u) if p.grad is not None]
-    tensors += [t for optimizer, _ in handle._optimizers for u in handle.units
-                for p in trainable(u) for t in state_tensors(optimizer, p)]
-    with _LOCK:
-        for t in tensors:
-            r = _RANGES.pop(t.data_ptr(), None)
-            if r is not None:
-                _BUDGET.forget(r.address)
+    """On undo: the optimizers' step is theirs again."""
+    for optimizer, _ in handle._optimizers:
+        optimizer.__dict__.pop("step", None)   # the class's step again
+    handle._optimizers.clear()

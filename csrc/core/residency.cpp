@@ -7,8 +7,62 @@
 
 namespace torch_uvm {
 
+std::vector<bool> plan_resident(const std::vector<std::size_t>& unit_bytes, std::size_t budget,
+                                std::size_t room) {
+  std::size_t total = 0;
+  for (std::size_t b : unit_bytes) total += b;
+  std::vector<bool> resident(unit_bytes.size(), total <= budget);
+  if (total <= budget) return resident;  // everything fits: nothing streams
+  for (std::size_t i = 0; i < unit_bytes.size() && unit_bytes[i] <= room; ++i) {
+    room -= unit_bytes[i];
+    resident[i] = true;
+  }
+  return resident;
+}
+
 ResidencyBudget::PerDevice& ResidencyBudget::per_device(DeviceIndex device) {
   return devices_[device];
+}
+
+ResidencyBudget::Share& ResidencyBudget::device_share(DeviceIndex device) {
+  auto it = device_shares_.find(device);
+  if (it == device_shares_.end()) {
+    it = device_shares_.emplace(device, Share{device, "batches", std::nullopt, {}, {}}).first;
+  }
+  return it->second;
+}
+
+ResidencyBudget::Share& ResidencyBudget::share_of(DeviceIndex device, ShareId id) {
+  if (id == kDeviceShare) return device_share(device);
+  auto it = shares_.find(id);
+  TORCH_UVM_CHECK_ARG(it != shares_.end(), "residency share ", id, " is not open");
+  TORCH_UVM_CHECK_ARG(it->second.device == device, "residency share ", id, " is on cuda:",
+                      it->second.device, ", not cuda:", device);
+  return it->second;
+}
+
+std::size_t ResidencyBudget::shares_sum(const PerDevice& d) const {
+  std::size_t sum = 0;
+  for (ShareId id : d.shares) sum += *shares_.at(id).budget;
+  return sum;
+}
+
+// The device share's bound is what the limit leaves over the shares.
+std::optional<std::size_t> ResidencyBudget::budget_of(const Share& s) const {
+  if (s.budget) return s.budget;
+  auto it = devices_.find(s.device);
+  if (it == devices_.end() || !it->second.limit) return std::nullopt;
+  const std::size_t taken = shares_sum(it->second);
+  return *it->second.limit > taken ? *it->second.limit - taken : 0;
+}
+
+std::string ResidencyBudget::holders(const PerDevice& d) const {
+  std::string out;
+  for (ShareId id : d.shares) {
+    const Share& s = shares_.at(id);
+    out += detail::concat(out.empty() ? "" : ", ", s.holder, " (", *s.budget, " bytes)");
+  }
+  return out.empty() ? "nothing" : out;
 }
 
 void ResidencyBudget::set_limit(DeviceIndex device, std::optional<std::size_t> bytes) {
@@ -16,6 +70,13 @@ void ResidencyBudget::set_limit(DeviceIndex device, std::optional<std::size_t> b
   TORCH_UVM_CHECK_ARG(device >= 0, "a residency budget is for a GPU, got device ", device);
   TORCH_UVM_CHECK_ARG(!bytes || *bytes > 0, "a residency budget must be positive");
   PerDevice& d = per_device(device);
+  if (bytes) {
+    const std::size_t taken = shares_sum(d);
+    TORCH_UVM_CHECK_ARG(*bytes >= taken, "a residency limit of ", *bytes, " bytes on cuda:",
+                        device, " is below the budgets of the offloads streaming there (",
+                        taken, " bytes: ", holders(d), "): undo() one of them first, or "
+                        "choose a larger limit");
+  }
   d.limit = bytes;
   d.stats.limit = bytes.value_or(0);
 }
@@ -26,57 +87,120 @@ std::optional<std::size_t> ResidencyBudget::limit(DeviceIndex device) const {
   return it == devices_.end() ? std::nullopt : it->second.limit;
 }
 
+bool ResidencyBudget::has_budget(DeviceIndex device) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = devices_.find(device);
+  return it != devices_.end() && (it->second.limit || !it->second.shares.empty());
+}
+
+ShareId ResidencyBudget::open_share(DeviceIndex device, std::size_t bytes,
+                                    const std::string& holder, std::size_t ceiling) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_UVM_CHECK_ARG(device >= 0, "a residency budget is for a GPU, got device ", device);
+  TORCH_UVM_CHECK_ARG(bytes > 0, "a residency budget must be positive");
+  PerDevice& d = per_device(device);
+  const std::size_t bound = d.limit.value_or(ceiling);
+  const std::size_t taken = shares_sum(d);
+  TORCH_UVM_CHECK_ARG(taken + bytes <= bound, "a budget of ", bytes, " bytes for ", holder,
+                      " does not fit on cuda:", device, " beside the offloads streaming there (",
+                      holders(d), "): they hold ", taken, " of the ",
+                      d.limit ? "residency limit's " : "managed memory cap's ", bound,
+                      " bytes. Undo one of them, lower the budget",
+                      d.limit ? ", or raise the limit (set_residency_limit)" : "");
+  const ShareId id = next_share_++;
+  Share s{device, holder, bytes, {}, {}};
+  s.stats.limit = bytes;
+  shares_.emplace(id, std::move(s));
+  d.shares.push_back(id);
+  return id;
+}
+
+void ResidencyBudget::close_share(ShareId share) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = shares_.find(share);
+  if (it == shares_.end()) return;
+  while (!it->second.lru.empty()) erase(it->second.lru.begin());
+  auto& ids = per_device(it->second.device).shares;
+  ids.erase(std::remove(ids.begin(), ids.end(), share), ids.end());
+  shares_.erase(it);
+}
+
+std::vector<ShareInfo> ResidencyBudget::shares(DeviceIndex device) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<ShareInfo> out;
+  auto it = devices_.find(device);
+  if (it == devices_.end()) return out;
+  for (ShareId id : it->second.shares) {
+    const Share& s = shares_.at(id);
+    out.push_back({id, s.holder, *s.budget, s.stats.resident_bytes});
+  }
+  return out;
+}
+
 void ResidencyBudget::erase(Lru::iterator it) {
-  ResidencyStats& s = devices_[it->device].stats;
-  s.resident_bytes -= it->bytes;
+  Share& s = share_of(it->device, it->share);
+  s.stats.resident_bytes -= it->bytes;
+  devices_[it->device].stats.resident_bytes -= it->bytes;
   where_.erase(it->address);
-  devices_[it->device].lru.erase(it);
+  s.lru.erase(it);
+}
+
+void ResidencyBudget::count_eviction(Share& s, const Range& r, Eviction how) {
+  const int i = static_cast<int>(how);
+  for (ResidencyStats* st : {&s.stats, &devices_[r.device].stats}) {
+    ++st->evictions[i];
+    st->evicted_bytes[i] += r.bytes;
+  }
 }
 
 std::vector<EvictionStep> ResidencyBudget::admit(DeviceIndex device, std::uintptr_t address,
-                                                 std::size_t bytes, bool written) {
+                                                 std::size_t bytes, bool written,
+                                                 ShareId share, bool arrives) {
   std::lock_guard<std::mutex> lock(mutex_);
-  PerDevice& d = per_device(device);
+  TORCH_UVM_CHECK_ARG(device >= 0, "a residency budget is for a GPU, got device ", device);
+  Share& s = share_of(device, share);
   if (auto it = where_.find(address); it != where_.end()) {
     Range range = *it->second;
-    if (range.device == device && range.bytes == bytes) {  // resident: most recently used
-      range.written = range.written || written;
-      d.lru.erase(it->second);
-      it->second = d.lru.insert(d.lru.end(), range);
+    if (range.device == device && range.share == share && range.bytes == bytes) {
+      range.written = range.written || written;  // resident: most recently used
+      s.lru.erase(it->second);
+      it->second = s.lru.insert(s.lru.end(), range);
       return {};
     }
     erase(it->second);  // elsewhere, or another size: admitted anew
   }
   std::vector<EvictionStep> steps;
-  if (d.limit) {
-    TORCH_UVM_CHECK_ARG(bytes <= *d.limit, "a range of ", bytes,
-                        " bytes cannot fit a residency budget of ", *d.limit, " bytes on cuda:",
-                        device);
+  if (const auto budget = budget_of(s)) {
+    const char* whose = share == kDeviceShare ? "residency limit's room for batches"
+                                              : "residency budget";
+    TORCH_UVM_CHECK_ARG(bytes <= *budget, "a range of ", bytes, " bytes cannot fit the ", whose,
+                        " of ", *budget, " bytes on cuda:", device);
     std::size_t evictable = 0;
-    for (const Range& r : d.lru) evictable += r.busy ? 0 : r.bytes;
-    TORCH_UVM_CHECK_ARG(d.stats.resident_bytes - evictable + bytes <= *d.limit,
-                        "bringing ", bytes, " bytes to cuda:", device, " would exceed its ",
-                        "residency budget of ", *d.limit, " bytes even after evicting every ",
-                        "range not in use (", d.stats.resident_bytes - evictable,
-                        " bytes are in use)");
-    for (auto it = d.lru.begin(); it != d.lru.end() && d.stats.resident_bytes + bytes > *d.limit;) {
+    for (const Range& r : s.lru) evictable += r.busy ? 0 : r.bytes;
+    TORCH_UVM_CHECK_ARG(s.stats.resident_bytes - evictable + bytes <= *budget, "bringing ",
+                        bytes, " bytes to cuda:", device, " would exceed the ", whose, " of ",
+                        *budget, " bytes even after evicting every range not in use (",
+                        s.stats.resident_bytes - evictable, " bytes are in use)");
+    for (auto it = s.lru.begin(); it != s.lru.end() && s.stats.resident_bytes + bytes > *budget;) {
       if (it->busy) {
         ++it;
         continue;
       }
-      const Eviction how = it->written ? Eviction::kMigrate : Eviction::kDropCopy;
+      const Eviction how = it->written ? Eviction::kWriteHome : Eviction::kDrop;
       steps.push_back({it->address, it->bytes, how});
-      ++d.stats.evictions[static_cast<int>(how)];
-      d.stats.evicted_bytes[static_cast<int>(how)] += it->bytes;
+      count_eviction(s, *it, how);
       auto next = std::next(it);
       erase(it);
       it = next;
     }
   }
-  where_[address] = d.lru.insert(d.lru.end(), Range{device, address, bytes, written, false});
-  d.stats.resident_bytes += bytes;
-  d.stats.prefetched_bytes += bytes;
-  d.stats.peak_resident_bytes = std::max(d.stats.peak_resident_bytes, d.stats.resident_bytes);
+  where_[address] = s.lru.insert(s.lru.end(), Range{device, share, address, bytes, written, false});
+  PerDevice& d = per_device(device);
+  for (ResidencyStats* st : {&s.stats, &d.stats}) {
+    st->resident_bytes += bytes;
+    if (arrives) st->prefetched_bytes += bytes;
+    st->peak_resident_bytes = std::max(st->peak_resident_bytes, st->resident_bytes);
+  }
   return steps;
 }
 
@@ -90,9 +214,37 @@ void ResidencyBudget::mark_written(std::uintptr_t address) {
   if (auto it = where_.find(address); it != where_.end()) it->second->written = true;
 }
 
+void ResidencyBudget::mark_clean(std::uintptr_t address) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (auto it = where_.find(address); it != where_.end()) it->second->written = false;
+}
+
 void ResidencyBudget::forget(std::uintptr_t address) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (auto it = where_.find(address); it != where_.end()) erase(it->second);
+}
+
+std::optional<Eviction> ResidencyBudget::evict(std::uintptr_t address) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = where_.find(address);
+  if (it == where_.end()) return std::nullopt;
+  const Range& r = *it->second;
+  const Eviction how = r.written ? Eviction::kWriteHome : Eviction::kDrop;
+  count_eviction(share_of(r.device, r.share), r, how);
+  erase(it->second);
+  return how;
+}
+
+void ResidencyBudget::discard(std::uintptr_t address) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = where_.find(address);
+  if (it == where_.end()) return;
+  const Range& r = *it->second;
+  for (ResidencyStats* st : {&share_of(r.device, r.share).stats, &devices_[r.device].stats}) {
+    ++st->discards;
+    st->discarded_bytes += r.bytes;
+  }
+  erase(it->second);
 }
 
 bool ResidencyBudget::is_resident(DeviceIndex device, std::uintptr_t address) const {
@@ -113,10 +265,20 @@ ResidencyStats ResidencyBudget::stats(DeviceIndex device) const {
   return it == devices_.end() ? ResidencyStats{} : it->second.stats;
 }
 
+ResidencyStats ResidencyBudget::share_stats(ShareId share) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = shares_.find(share);
+  return it == shares_.end() ? ResidencyStats{} : it->second.stats;
+}
+
 void ResidencyBudget::reset_peak(DeviceIndex device) {
   std::lock_guard<std::mutex> lock(mutex_);
   ResidencyStats& s = per_device(device).stats;
   s.peak_resident_bytes = s.resident_bytes;
+  for (ShareId id : per_device(device).shares) {
+    ResidencyStats& t = shares_.at(id).stats;
+    t.peak_resident_bytes = t.resident_bytes;
+  }
 }
 
 }  // namespace torch_uvm

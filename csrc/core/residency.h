@@ -1,8 +1,16 @@
-// What decides eviction: a residency budget per GPU over the memory torch_uvm
-// brings there (streamed modules, prefetching iterators, explicit prefetches),
-// and the least recently used ranges that leave when a new one would exceed
-// it. Policy only: the glue (torch_uvm/residency.py via the bindings) carries
-// out the evictions it returns, with the mechanism it names.
+// What decides eviction: residency budgets per GPU over the memory torch_uvm
+// brings there, and the least recently used ranges that leave when a new one
+// would exceed a budget. Policy only: the glue carries out the evictions it
+// returns (torch/stream_executor.h for offloaded modules, torch_uvm/
+// residency.py for batches).
+//
+// A GPU has an optional limit, and any number of shares: each offloaded
+// module streams within a share of its own, sized by its budget. Shares
+// never take from each other: a range admitted to a share evicts only that
+// share's ranges. The device's own share (kDeviceShare: batches, bring) gets
+// what the limit leaves over the shares, or no bound without a limit. The
+// shares of a GPU add up to at most its limit, or, without one, to the
+// ceiling the caller gives (the managed memory cap).
 #pragma once
 
 #include <cstddef>
@@ -11,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -18,10 +27,10 @@
 
 namespace torch_uvm {
 
-// How a range leaves a GPU. A range not written since it arrived (a
-// read-mostly duplicate: weights in inference) only drops its GPU copy; a
-// written one migrates back to the CPU.
-enum class Eviction { kDropCopy = 0, kMigrate = 1 };
+// How a range leaves a GPU. A range not written since it arrived only lets
+// go of its GPU copy (a slot freed, a read-mostly duplicate dropped); a
+// written one is sent home first.
+enum class Eviction { kDrop = 0, kWriteHome = 1 };
 
 struct EvictionStep {
   std::uintptr_t address;
@@ -29,62 +38,124 @@ struct EvictionStep {
   Eviction how;
 };
 
+using ShareId = std::uint64_t;
+constexpr ShareId kDeviceShare = 0;  // per GPU: what the limit leaves over the shares
+
 struct ResidencyStats {
-  std::size_t limit = 0;  // 0: no budget
+  std::size_t limit = 0;  // the GPU's limit, or the share's budget; 0: none
   std::size_t resident_bytes = 0;
   std::size_t peak_resident_bytes = 0;
-  std::size_t prefetched_bytes = 0;
+  std::size_t prefetched_bytes = 0;        // brought to the GPU, all time
   std::size_t evictions[2] = {0, 0};       // by Eviction
   std::size_t evicted_bytes[2] = {0, 0};   // by Eviction
+  std::size_t discards = 0;                // dead ranges let go (a gradient set to None)
+  std::size_t discarded_bytes = 0;
 };
 
-// Internally synchronized: the copy kernels read the limits from any thread.
+// Which units of a module stay resident: the longest prefix of the order in
+// which they run that fits `room` bytes (the budget less the window that
+// streaming needs), or every unit when all fit in `budget`. Shared bytes
+// (a tied weight) count once per unit: a bound, never an underestimate.
+std::vector<bool> plan_resident(const std::vector<std::size_t>& unit_bytes, std::size_t budget,
+                                std::size_t room);
+
+struct ShareInfo {
+  ShareId id;
+  std::string holder;  // who holds it (an offloaded module's class name)
+  std::size_t budget;
+  std::size_t resident_bytes;
+};
+
+// Internally synchronized: the copy kernels read it from any thread.
 class ResidencyBudget {
  public:
-  // Budget of `device` in bytes; nullopt removes it. A budget below what is
-  // resident now is allowed: the next admit evicts down to it.
+  // The GPU's limit in bytes; nullopt removes it. A limit below the shares'
+  // sum is refused (InvalidArgument naming the holders). A limit below what
+  // is resident now is allowed: the next admit evicts down to it.
   void set_limit(DeviceIndex device, std::optional<std::size_t> bytes);
   std::optional<std::size_t> limit(DeviceIndex device) const;
+  // Whether anything streams on `device` under a budget: a limit or a share.
+  bool has_budget(DeviceIndex device) const;
 
-  // `bytes` at `address` are about to be brought to `device`. Returns the
-  // ranges to evict first, least recently used first, never a busy one. An
-  // admitted range counts as resident and most recently used. Already
-  // resident: only touched. Throws InvalidArgument when the range cannot fit
-  // even after evicting every range that is not busy.
+  // A share of `bytes` on `device` for `holder`. Refused (InvalidArgument,
+  // naming who holds the GPU and how much) when the shares would add up to
+  // more than the limit, or, without a limit, than `ceiling`.
+  ShareId open_share(DeviceIndex device, std::size_t bytes, const std::string& holder,
+                     std::size_t ceiling);
+  // Its ranges leave the books (the caller let go of their memory).
+  void close_share(ShareId share);
+  std::vector<ShareInfo> shares(DeviceIndex device) const;
+
+  // `bytes` at `address` are about to be brought to `device` within `share`
+  // (kDeviceShare: the device's own). Returns the ranges of that share to
+  // evict first, least recently used first, never a busy one. An admitted
+  // range counts as resident and most recently used. Already resident in
+  // the share: only touched. Throws InvalidArgument when the range cannot
+  // fit even after evicting every range of the share that is not busy.
+  // `arrives`: its bytes cross to the GPU (counted in prefetched_bytes);
+  // false for memory made on the GPU (a new gradient) that is only counted.
   std::vector<EvictionStep> admit(DeviceIndex device, std::uintptr_t address, std::size_t bytes,
-                                  bool written);
+                                  bool written, ShareId share = kDeviceShare,
+                                  bool arrives = true);
 
   // A range in use by work still running may not be evicted.
   void set_busy(std::uintptr_t address, bool busy);
-  // Written since it arrived: it must migrate back when evicted.
+  // Written since it arrived: it must go home when evicted.
   void mark_written(std::uintptr_t address);
+  // Went home ahead of its eviction (written back): now clean.
+  void mark_clean(std::uintptr_t address);
   // The range left without an eviction (freed, or moved by the user).
   void forget(std::uintptr_t address);
+  // The range died (nothing to keep, nothing to move): forgotten, counted.
+  void discard(std::uintptr_t address);
+  // The range leaves now, as an eviction would send it (counted as one).
+  // Returns how, or nullopt if it was not resident.
+  std::optional<Eviction> evict(std::uintptr_t address);
 
   bool is_resident(DeviceIndex device, std::uintptr_t address) const;
   bool is_busy(std::uintptr_t address) const;
+  // The GPU's figures (every share), or one share's (`limit` is its budget).
   ResidencyStats stats(DeviceIndex device) const;
+  ResidencyStats share_stats(ShareId share) const;
   void reset_peak(DeviceIndex device);
 
  private:
   struct Range {
     DeviceIndex device;
+    ShareId share;
     std::uintptr_t address;
     std::size_t bytes;
     bool written;
     bool busy;
   };
   using Lru = std::list<Range>;  // front: least recently used
-  struct PerDevice {
-    std::optional<std::size_t> limit;
+  struct Share {
+    DeviceIndex device;
+    std::string holder;
+    std::optional<std::size_t> budget;  // nullopt: the device share without a limit
     Lru lru;
     ResidencyStats stats;
   };
+  struct PerDevice {
+    std::optional<std::size_t> limit;
+    std::vector<ShareId> shares;  // open shares, kDeviceShare excluded
+    ResidencyStats stats;
+  };
+
   PerDevice& per_device(DeviceIndex device);
+  Share& device_share(DeviceIndex device);
+  Share& share_of(DeviceIndex device, ShareId id);
+  std::size_t shares_sum(const PerDevice& d) const;
+  std::optional<std::size_t> budget_of(const Share& s) const;
+  std::string holders(const PerDevice& d) const;
+  void count_eviction(Share& s, const Range& r, Eviction how);
   void erase(Lru::iterator it);
 
   mutable std::mutex mutex_;
   std::map<DeviceIndex, PerDevice> devices_;
+  std::map<DeviceIndex, Share> device_shares_;
+  std::unordered_map<ShareId, Share> shares_;
+  ShareId next_share_ = 1;
   std::unordered_map<std::uintptr_t, Lru::iterator> where_;
 };
 

@@ -8,6 +8,7 @@
 #include "torch/managed_tensor.h"
 #include "torch/forked_worker_memory.h"
 #include "torch/state.h"
+#include "torch/stream_executor.h"
 #include "torch_uvm/torch_uvm.h"
 
 namespace py = pybind11;
@@ -62,6 +63,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_fast_copy", &set_fast_copy);
   m.def("fast_copy", &fast_copy);
   m.def("is_managed", &is_managed);
+  // Where a managed tensor's allocation is homed: -1 for the CPU, a GPU's
+  // index, or None when it is not managed.
+  m.def("managed_home", [](const at::Tensor& t) -> py::object {
+    auto where = managed_allocation(t);
+    if (!where) return py::none();
+    return py::int_(where->home == kCpuDevice ? -1 : static_cast<int>(where->home));
+  });
   // the bytes a tensor's elements span (tensor_span): what a prefetch moves
   m.def("span_bytes", [](const at::Tensor& t) { return tensor_span(t).second; });
   m.def("manage_memory", &manage_memory);
@@ -71,46 +79,119 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     TORCH_CHECK(is_managed(t), "torch_uvm: only a managed tensor can be seen on another device");
     return alias_on_device(t, with_index(device.cast<c10::Device>()));  // "cuda": the current GPU
   });
-  // The residency budget's policy (core/residency.h); torch_uvm/residency.py
-  // carries out the evictions it returns.
-  // One process-wide instance (residency_budget below): the copy kernels
-  // read the same one.
+  // The residency budgets (core/residency.h): one process-wide instance
+  // (residency_budget below), which the copy kernels read too.
+  // torch_uvm/residency.py carries out the evictions of batches; offloaded
+  // modules stream through StreamExecutor.
+  auto stats_dict = [](const ResidencyStats& s) {
+    py::dict d;
+    d["limit"] = s.limit;
+    d["resident_bytes.current"] = s.resident_bytes;
+    d["resident_bytes.peak"] = s.peak_resident_bytes;
+    d["prefetched_bytes"] = s.prefetched_bytes;
+    d["evictions.drop"] = s.evictions[0];
+    d["evictions.write_home"] = s.evictions[1];
+    d["evictions.discard"] = s.discards;
+    d["evicted_bytes.drop"] = s.evicted_bytes[0];
+    d["evicted_bytes.write_home"] = s.evicted_bytes[1];
+    d["evicted_bytes.discard"] = s.discarded_bytes;
+    return d;
+  };
+  auto how = [](Eviction e) { return e == Eviction::kDrop ? "drop" : "write_home"; };
   py::class_<ResidencyBudget>(m, "ResidencyBudget")
-      .def("set_limit", &ResidencyBudget::set_limit)
+      .def("set_limit", [](ResidencyBudget& b, int device, std::optional<std::size_t> bytes) {
+        translate_errors([&] { b.set_limit(device, bytes); });
+      })
       .def("limit", &ResidencyBudget::limit)
-      .def("admit", [](ResidencyBudget& b, int device, std::uintptr_t address, std::size_t bytes,
-                       bool written) {
+      .def("has_budget", &ResidencyBudget::has_budget)
+      .def("open_share", [](ResidencyBudget& b, int device, std::size_t bytes,
+                            const std::string& holder, std::size_t ceiling) {
+        return translate_errors([&] { return b.open_share(device, bytes, holder, ceiling); });
+      })
+      .def("close_share", &ResidencyBudget::close_share)
+      .def("shares", [](const ResidencyBudget& b, int device) {
         py::list out;
-        for (const EvictionStep& s : b.admit(device, address, bytes, written)) {
-          out.append(py::make_tuple(s.address, s.bytes,
-                                    s.how == Eviction::kDropCopy ? "drop_copy" : "migrate"));
+        for (const ShareInfo& s : b.shares(device)) {
+          out.append(py::make_tuple(s.id, s.holder, s.budget, s.resident_bytes));
         }
         return out;
+      })
+      .def("admit", [how](ResidencyBudget& b, int device, std::uintptr_t address,
+                          std::size_t bytes, bool written) {
+        py::list out;
+        translate_errors([&] {
+          for (const EvictionStep& s : b.admit(device, address, bytes, written)) {
+            out.append(py::make_tuple(s.address, s.bytes, how(s.how)));
+          }
+        });
+        return out;
+      })
+      .def("evict", [how](ResidencyBudget& b, std::uintptr_t address) -> py::object {
+        auto e = b.evict(address);
+        return e ? py::object(py::str(how(*e))) : py::object(py::none());
       })
       .def("set_busy", &ResidencyBudget::set_busy)
       .def("mark_written", &ResidencyBudget::mark_written)
       .def("forget", &ResidencyBudget::forget)
+      .def("discard", &ResidencyBudget::discard)
       .def("is_resident", &ResidencyBudget::is_resident)
       .def("is_busy", &ResidencyBudget::is_busy)
       .def("reset_peak", &ResidencyBudget::reset_peak)
-      .def("stats", [](const ResidencyBudget& b, int device) {
-        ResidencyStats s = b.stats(device);
-        py::dict d;
-        d["limit"] = s.limit;
-        d["resident_bytes.current"] = s.resident_bytes;
-        d["resident_bytes.peak"] = s.peak_resident_bytes;
-        d["prefetched_bytes"] = s.prefetched_bytes;
-        d["evictions.drop_copy"] = s.evictions[0];
-        d["evictions.migrate"] = s.evictions[1];
-        d["evicted_bytes.drop_copy"] = s.evicted_bytes[0];
-        d["evicted_bytes.migrate"] = s.evicted_bytes[1];
-        return d;
+      .def("stats", [stats_dict](const ResidencyBudget& b, int device) {
+        return stats_dict(b.stats(device));
+      })
+      .def("share_stats", [stats_dict](const ResidencyBudget& b, ShareId share) {
+        return stats_dict(b.share_stats(share));
       });
   m.def("residency_budget",
         []() -> ResidencyBudget& {
           return translate_errors([]() -> ResidencyBudget& { return residency_budget(); });
         },
         py::return_value_policy::reference);
+  // One offloaded module's streaming (torch/stream_executor.h), driven by
+  // torch_uvm/offload.py's hooks.
+  py::class_<StreamExecutor>(m, "StreamExecutor")
+      .def(py::init([](ShareId share, const py::object& device, int ahead, bool in_place) {
+             return translate_errors([&] {
+               return std::make_unique<StreamExecutor>(residency_budget(), share,
+                                                       with_index(device.cast<c10::Device>()),
+                                                       ahead, in_place);
+             });
+           }),
+           py::arg("share"), py::arg("device"), py::arg("ahead"), py::arg("in_place"))
+      .def("add_unit", &StreamExecutor::add_unit)
+      .def("plan", &StreamExecutor::plan)
+      .def("planned", &StreamExecutor::planned)
+      .def("order", &StreamExecutor::order)
+      .def("resident", &StreamExecutor::resident)
+      .def("before", &StreamExecutor::before)
+      .def("after", &StreamExecutor::after)
+      .def("grads_ready", &StreamExecutor::grads_ready)
+      .def("discard_grads", &StreamExecutor::discard_grads)
+      .def("bring", &StreamExecutor::bring)
+      .def("step_done", &StreamExecutor::step_done)
+      .def("end_pass", &StreamExecutor::end_pass)
+      .def("evict_unused", &StreamExecutor::evict_unused)
+      .def("evict_all", &StreamExecutor::evict_all)
+      .def("bytes_on_gpu", &StreamExecutor::bytes_on_gpu)
+      .def("unit_bytes", &StreamExecutor::unit_bytes)
+      .def("units", &StreamExecutor::units)
+      .def("name", &StreamExecutor::name);
+  // How streamed bytes cross the link (streamed_tensor.h): "copy_engine" or
+  // "kernel", to the GPU and home. For benchmarks comparing them.
+  m.def("set_copy_mechanisms", [](const std::string& to_gpu, const std::string& home) {
+    auto parse = [](const std::string& v) {
+      TORCH_CHECK_VALUE(v == "copy_engine" || v == "kernel", "torch_uvm: a copy mechanism is ",
+                        "'copy_engine' or 'kernel', got '", v, "'");
+      return v == "kernel" ? CopyBy::kKernel : CopyBy::kCopyEngine;
+    };
+    set_copy_mechanisms({parse(to_gpu), parse(home)});
+  });
+  m.def("copy_mechanisms", [] {
+    auto name = [](CopyBy b) { return b == CopyBy::kKernel ? "kernel" : "copy_engine"; };
+    CopyMechanisms c = copy_mechanisms();
+    return py::make_tuple(name(c.to_gpu), name(c.home));
+  });
   m.def("uvm_to", &uvm_to, py::arg("tensor"), py::arg("device"), py::arg("non_blocking") = false);
   m.def("prefetch",
         [](const at::Tensor& t, std::optional<at::Device> device, const py::object& stream) {

@@ -63,16 +63,16 @@ bool overlap(const at::Tensor& a, const at::Tensor& b) {
 
 // A large copy from a managed CPU tensor into GPU memory, with hints
 // available. A moved CPU tensor (a model built on the CPU, then .cuda()) is
-// a destination like any other. Where the target GPU has a residency budget,
-// a destination homed on the CPU (an offloaded weight, a streamed batch) is
-// left to PyTorch: prefetching the source would bring it to the GPU outside
+// a destination like any other. Where the target GPU streams under a
+// residency budget (a limit, or an offload's share), a destination homed on
+// the CPU (an offloaded weight's home, a streamed batch) is left to PyTorch: prefetching the source would bring it to the GPU outside
 // the budget.
 bool prefetches(const at::Tensor& self, const at::Tensor& src) {
   if (!g_fast_copy || !self.is_cuda() || !src.is_cpu()) return false;
   if (!large(src) || !plain(self) || !plain(src)) return false;
   if (!managed_hints_supported() || capture_underway()) return false;
   if (!is_managed(src) || overlap(self, src)) return false;
-  if (!residency_budget().limit(self.device().index()).has_value()) return true;
+  if (!residency_budget().has_budget(self.device().index())) return true;
   auto home = managed_allocation(self);
   return !home.has_value() || home->home != kCpuDevice;
 }

@@ -26,7 +26,7 @@ TEST(Residency, EvictsLeastRecentlyUsedFirstAndStaysWithinTheBudget) {
   EXPECT_FALSE(b.is_resident(0, 0x2000));
 }
 
-TEST(Residency, CleanRangesDropTheirCopyAndWrittenOnesMigrate) {
+TEST(Residency, CleanRangesAreDroppedAndWrittenOnesGoHome) {
   ResidencyBudget b;
   b.set_limit(0, 2 * kMiB);
   b.admit(0, 0x1000, kMiB, false);
@@ -34,8 +34,8 @@ TEST(Residency, CleanRangesDropTheirCopyAndWrittenOnesMigrate) {
   b.mark_written(0x2000);
   auto steps = b.admit(0, 0x3000, 2 * kMiB, true);
   ASSERT_EQ(steps.size(), 2u);
-  EXPECT_EQ(steps[0].how, Eviction::kDropCopy);
-  EXPECT_EQ(steps[1].how, Eviction::kMigrate);
+  EXPECT_EQ(steps[0].how, Eviction::kDrop);
+  EXPECT_EQ(steps[1].how, Eviction::kWriteHome);
   auto s = b.stats(0);
   EXPECT_EQ(s.evictions[0], 1u);
   EXPECT_EQ(s.evicted_bytes[1], kMiB);
@@ -80,6 +80,105 @@ TEST(Residency, BadInputAndForgottenRanges) {
   b.admit(1, 0x3000, 8 * kMiB, false);
   EXPECT_EQ(b.stats(0).resident_bytes, kMiB);
   EXPECT_TRUE(b.is_resident(1, 0x3000));
+}
+
+
+TEST(Residency, EachShareIsItsOwnBudgetWhateverTheOrder) {
+  ResidencyBudget b;
+  const std::size_t cap = 64 * kMiB;
+  // No limit: two offloads each get their budget, and one evicts only its own.
+  ShareId a = b.open_share(0, 2 * kMiB, "A", cap);
+  ShareId c = b.open_share(0, 2 * kMiB, "C", cap);
+  EXPECT_TRUE(b.admit(0, 0x1000, 2 * kMiB, false, a).empty());
+  EXPECT_TRUE(b.admit(0, 0x2000, kMiB, false, c).empty());
+  EXPECT_TRUE(b.admit(0, 0x3000, kMiB, false, c).empty());
+  auto steps = b.admit(0, 0x4000, kMiB, false, c);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].address, 0x2000u);     // C's own, never A's
+  EXPECT_TRUE(b.is_resident(0, 0x1000));
+  EXPECT_EQ(b.share_stats(a).resident_bytes, 2 * kMiB);
+  EXPECT_EQ(b.share_stats(c).resident_bytes, 2 * kMiB);
+  EXPECT_EQ(b.share_stats(c).evictions[0], 1u);
+  EXPECT_EQ(b.stats(0).resident_bytes, 4 * kMiB);
+  EXPECT_EQ(b.shares(0).size(), 2u);
+  EXPECT_TRUE(b.has_budget(0));
+  EXPECT_FALSE(b.has_budget(1));
+  // Closing a share lets go of its ranges.
+  b.close_share(a);
+  EXPECT_EQ(b.stats(0).resident_bytes, 2 * kMiB);
+  EXPECT_FALSE(b.is_resident(0, 0x1000));
+  b.close_share(a);  // twice: nothing
+}
+
+TEST(Residency, ASharePastTheLimitOrTheCeilingIsRefusedNamingTheHolders) {
+  ResidencyBudget b;
+  ShareId a = b.open_share(0, 48 * kMiB, "GPT2LMHeadModel", 64 * kMiB);
+  try {
+    b.open_share(0, 32 * kMiB, "Sequential", 64 * kMiB);
+    FAIL() << "a share past the ceiling was opened";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("GPT2LMHeadModel (50331648 bytes)"), std::string::npos) << what;
+    EXPECT_NE(what.find("Sequential"), std::string::npos) << what;
+  }
+  EXPECT_EQ(b.shares(0).size(), 1u);  // nothing changed
+  // A limit bounds the shares' sum, and cannot drop below it.
+  EXPECT_THROW(b.set_limit(0, 32 * kMiB), InvalidArgument);
+  EXPECT_FALSE(b.limit(0).has_value());
+  b.set_limit(0, 56 * kMiB);
+  EXPECT_THROW(b.open_share(0, 16 * kMiB, "B", 1024 * kMiB), InvalidArgument);
+  ShareId c = b.open_share(0, 8 * kMiB, "B", 1024 * kMiB);
+  // The device's own share gets what the limit leaves: nothing here.
+  EXPECT_THROW(b.admit(0, 0x9000, kMiB, false), InvalidArgument);
+  b.close_share(c);
+  EXPECT_TRUE(b.admit(0, 0x9000, 8 * kMiB, false).empty());
+  EXPECT_THROW(b.admit(0, 0xa000, kMiB, false, 42), InvalidArgument);  // no such share
+  EXPECT_THROW(b.admit(1, 0xa000, kMiB, false, a), InvalidArgument);   // another GPU's
+}
+
+TEST(Residency, AnExplicitEvictionIsCountedByHowTheRangeLeaves) {
+  ResidencyBudget b;
+  ShareId a = b.open_share(0, 4 * kMiB, "A", 64 * kMiB);
+  b.admit(0, 0x1000, kMiB, false, a);
+  b.admit(0, 0x2000, kMiB, true, a);
+  b.mark_clean(0x2000);                      // written back ahead of time
+  b.admit(0, 0x3000, kMiB, false, a);
+  b.mark_written(0x3000);
+  EXPECT_EQ(b.evict(0x1000), Eviction::kDrop);
+  EXPECT_EQ(b.evict(0x2000), Eviction::kDrop);
+  EXPECT_EQ(b.evict(0x3000), Eviction::kWriteHome);
+  EXPECT_FALSE(b.evict(0x3000).has_value());
+  auto s = b.share_stats(a);
+  EXPECT_EQ(s.evictions[0], 2u);
+  EXPECT_EQ(s.evicted_bytes[1], kMiB);
+  EXPECT_EQ(s.resident_bytes, 0u);
+  EXPECT_EQ(s.peak_resident_bytes, 3 * kMiB);
+  b.reset_peak(0);
+  EXPECT_EQ(b.share_stats(a).peak_resident_bytes, 0u);
+}
+
+
+TEST(Residency, DeadRangesAreDiscardedAndCounted) {
+  ResidencyBudget b;
+  b.admit(0, 0x1000, kMiB, true, kDeviceShare, /*arrives=*/false);  // made on the GPU
+  EXPECT_EQ(b.stats(0).prefetched_bytes, 0u);
+  EXPECT_EQ(b.stats(0).resident_bytes, kMiB);
+  b.discard(0x1000);
+  b.discard(0x1000);  // once
+  auto s = b.stats(0);
+  EXPECT_EQ(s.discards, 1u);
+  EXPECT_EQ(s.discarded_bytes, kMiB);
+  EXPECT_EQ(s.resident_bytes, 0u);
+  EXPECT_EQ(s.evictions[1], 0u);
+}
+
+TEST(Residency, TheResidentPrefixIsWhatFitsTheRoomInOrder) {
+  using V = std::vector<bool>;
+  EXPECT_EQ(plan_resident({4, 4, 4}, 12, 0), (V{true, true, true}));   // all fit the budget
+  EXPECT_EQ(plan_resident({4, 4, 4}, 11, 9), (V{true, true, false}));
+  EXPECT_EQ(plan_resident({4, 8, 1}, 11, 9), (V{true, false, false}));  // a prefix, no gaps
+  EXPECT_EQ(plan_resident({4, 4}, 7, 0), (V{false, false}));
+  EXPECT_EQ(plan_resident({}, 0, 0), V{});
 }
 
 }  // namespace

@@ -160,11 +160,11 @@ def test_summary_shows_each_gpus_residency():
     from torch_uvm._summary import format_summary
     stats = {"residency.cuda:0.limit": 1 << 30, "residency.cuda:0.resident_bytes.current": 3 << 20,
              "residency.cuda:0.resident_bytes.peak": 1 << 30,
-             "residency.cuda:0.evictions.drop_copy": 7, "residency.cuda:0.evictions.discard": 2}
+             "residency.cuda:0.evictions.drop": 7, "residency.cuda:0.evictions.discard": 2}
     text = format_summary(stats)
-    assert "Residency on cuda:0: budget 1.00 GiB" in text
+    assert "Residency on cuda:0: limit 1.00 GiB" in text
     assert "resident 3.00 MiB, peak 1.00 GiB" in text
-    assert "evictions by drop_copy: 7" in text and "evictions by discard: 2" in text
+    assert "evictions by drop: 7" in text and "evictions by discard: 2" in text
     assert "Residency" not in format_summary({})
 
 

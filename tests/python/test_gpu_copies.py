@@ -32,7 +32,7 @@ def test_copy_to_gpu_prefetches_the_managed_source(uvm, on_host):
     x = on_host()
     dst = torch.empty(N, device="cuda")
     dst.copy_(x)
-    assert range_attribute(x, LAST_PREFETCH_LOCATION) == 0
+    assert range_attribute(x, LAST_PREFETCH_LOCATION) == torch.cuda.current_device()
     assert torch.equal(dst.cpu(), torch.arange(N, dtype=torch.float32))
 
 
@@ -65,7 +65,7 @@ def test_dtype_changing_to_prefetches_and_converts_on_the_gpu(uvm, on_host):
     x = on_host()
     y = x.to("cuda", torch.float16)
     assert y.is_cuda and y.dtype == torch.float16 and y.data_ptr() != x.data_ptr()
-    assert range_attribute(x, LAST_PREFETCH_LOCATION) == 0
+    assert range_attribute(x, LAST_PREFETCH_LOCATION) == torch.cuda.current_device()
     assert torch.equal(y.cpu(), x.to(torch.float16))
 
 
@@ -84,7 +84,7 @@ def test_load_state_dict_from_managed_cpu_tensors(uvm, on_host):
     torch.cuda.synchronize()
     model.load_state_dict(state)
     # the weight is prefetched; the bias, below 4 MiB, is PyTorch's copy
-    assert range_attribute(state["weight"], LAST_PREFETCH_LOCATION) == 0
+    assert range_attribute(state["weight"], LAST_PREFETCH_LOCATION) == torch.cuda.current_device()
     assert range_attribute(state["bias"], LAST_PREFETCH_LOCATION) == CPU_ID
     for k, v in model.state_dict().items():
         assert torch.equal(v.cpu(), state[k]), k
@@ -107,21 +107,30 @@ def test_a_moved_cpu_tensor_is_a_destination_like_any_other(uvm, on_host):
     home = torch.zeros(N)
     g = home.cuda()                               # the same memory, CPU-homed
     g.copy_(x)
-    assert range_attribute(x, LAST_PREFETCH_LOCATION) == 0
+    assert range_attribute(x, LAST_PREFETCH_LOCATION) == torch.cuda.current_device()
     assert torch.equal(home, x)
 
 
-def test_under_a_budget_a_cpu_homed_destination_is_not_prefetched_into(uvm, on_host):
-    # An offloaded weight streams under the budget: the source must not
-    # come to the GPU outside it
+@pytest.mark.parametrize("budget", ["limit", "share"])
+def test_under_a_budget_a_cpu_homed_destination_is_not_prefetched_into(uvm, on_host, budget):
+    # An offloaded weight streams under a budget (the GPU's limit, or an
+    # offload's own share): the source must not come to the GPU outside it
     x = on_host()
     home = torch.zeros(N)
     g = home.cuda()
-    uvm.set_residency_limit(64 << 20)
+    budgets = uvm._C.residency_budget()
+    gpu = torch.cuda.current_device()
+    if budget == "limit":
+        uvm.set_residency_limit(64 << 20)
+    else:
+        share = budgets.open_share(gpu, 64 << 20, "a test", uvm.get_memory_cap())
     try:
         g.copy_(x)
     finally:
-        uvm.set_residency_limit(None)
+        if budget == "limit":
+            uvm.set_residency_limit(None)
+        else:
+            budgets.close_share(share)
     assert range_attribute(x, LAST_PREFETCH_LOCATION) == CPU_ID
     assert torch.equal(home, x)
 
@@ -130,7 +139,7 @@ def test_autograd_flows_back_through_the_copy(uvm):
     src = torch.randn(N, requires_grad=True)
     dst = torch.zeros(N, device="cuda")
     dst.copy_(src)
-    assert range_attribute(src, LAST_PREFETCH_LOCATION) == 0    # the fast path
+    assert range_attribute(src, LAST_PREFETCH_LOCATION) == torch.cuda.current_device()    # the fast path
     (dst * 3).sum().backward()
     assert src.grad is not None and src.grad.device.type == "cpu"
     assert torch.equal(src.grad, torch.full((N,), 3.0))

@@ -70,29 +70,99 @@ def test_residency_limit_bad_input(uvm):
     assert uvm.get_residency_limit() is None
 
 
+def gpu_bytes(model) -> int:
+    """The bytes of `model`'s weights in GPU memory now, asked of the driver
+    (the preferred location of each weight's memory: a GPU slot, or its home
+    on the CPU), apart from torch_uvm's accounting."""
+    seen = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.numel() and range_attribute(t, PREFERRED_LOCATION) >= 0:
+            seen[t.data_ptr()] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+def watch_residency(model):
+    """Hooks, run after offload's, that note the bytes of weights on the GPU
+    as each submodule starts: the peak is measured, not accounted."""
+    peak = [0]
+
+    def note(*_):
+        peak[0] = max(peak[0], gpu_bytes(model))
+    hooks = [m.register_forward_pre_hook(note) for m in model.modules()]
+    return peak, hooks
+
+
 def test_offloaded_model_matches_all_resident_within_its_budget(uvm, budget):
     x = torch.randn(16, 2048, device="cuda")
     want = all_resident_output(x)
     model = make_model()                                  # 8 x 16 MiB = 128 MiB of weights
     before = uvm.residency_stats()
     handle = uvm.offload(model, device="cuda", mode="prefetch")   # the 64 MiB budget
+    homes = {id(p): p.data_ptr() for p in model.parameters()}     # where they live off the GPU
     assert all(p.is_cuda and uvm.is_managed(p) for p in model.parameters())
+    peak, hooks = watch_residency(model)
     with torch.no_grad():
         outs = [model(x) for _ in range(4)]
     torch.cuda.synchronize()
     for out in outs:
         assert torch.equal(out, want)                     # bit-identical
     s = uvm.residency_stats()
+    assert 0 < peak[0] <= budget                          # measured by the driver
     assert s["resident_bytes.peak"] <= budget
-    assert s["evictions.drop_copy"] > before["evictions.drop_copy"]   # streamed, not kept
-    assert s["evictions.migrate"] == before["evictions.migrate"]      # never copied back
-    streamed = [u for u in handle.units if not u.resident]
-    assert 0 < len(streamed) < len(handle.units)          # a resident prefix, the rest streams
+    assert handle.residency_stats()["resident_bytes.peak"] <= budget
+    assert s["evictions.drop"] > before["evictions.drop"]              # streamed, not kept
+    assert s["evictions.write_home"] == before["evictions.write_home"]  # nothing written
+    resident = handle.resident_units()
+    assert 0 < len(resident) < len(handle.units)          # a resident prefix, the rest streams
+    for u in handle.units:                                # where each weight is, by the driver
+        w = u.module.weight
+        if u in resident:
+            assert range_attribute(w, PREFERRED_LOCATION) == 0 and w.data_ptr() != homes[id(w)]
+        elif handle.executor.bytes_on_gpu(u.index) == 0:
+            assert range_attribute(w, PREFERRED_LOCATION) == -1     # its home, on the CPU
     assert "residency.cuda:0.resident_bytes.peak" in uvm.memory_stats()
+    for h in hooks:
+        h.remove()
     handle.undo()
     assert not any(uvm.is_managed(p) and p.is_cuda for p in model.parameters())
     with torch.no_grad():
         assert torch.equal(model.cuda()(x), want)         # the values survived the undo
+
+
+def test_streamed_weights_are_copied_into_gpu_memory_ahead_of_their_use(uvm, budget):
+    # While submodule i runs, submodule i + 1 is already in GPU memory (a
+    # slot, not its home), and a streamed submodule that ran has left.
+    x = torch.randn(256, 2048, device="cuda")
+    model = make_model()
+    handle = uvm.offload(model, mode="prefetch")
+    with torch.no_grad():
+        model(x)                                          # learns the order
+    order = handle.units_in_order()
+    streamed = [u for u in order if u not in handle.resident_units()]
+    seen = []
+
+    def check(unit):
+        def hook(*_):
+            i = streamed.index(unit)
+            w = unit.module.weight
+            nxt = streamed[(i + 1) % len(streamed)]
+            seen.append((range_attribute(w, PREFERRED_LOCATION),
+                         handle.executor.bytes_on_gpu(nxt.index) == nxt.nbytes,
+                         handle.executor.bytes_on_gpu(streamed[i - 2].index)))
+        return hook
+    hooks = [u.module.register_forward_pre_hook(check(u)) for u in streamed]
+    with torch.no_grad():
+        out = model(x)
+    torch.cuda.synchronize()
+    for h in hooks:
+        h.remove()
+    assert torch.equal(out, all_resident_output(x))
+    assert len(seen) == len(streamed) >= 3
+    for where, next_ready, two_back in seen:
+        assert where == 0            # the running one reads GPU memory
+        assert next_ready            # the next one was brought ahead
+        assert two_back == 0         # one that ran two submodules ago has left
+    handle.undo()
 
 
 def test_offload_bad_input_changes_nothing(uvm, budget):
@@ -177,7 +247,7 @@ def test_prefetching_streams_batches_within_the_budget(uvm, budget):
     s = uvm.residency_stats()
     assert s["resident_bytes.peak"] <= budget
     assert s["prefetched_bytes"] - before["prefetched_bytes"] == 256 * MiB
-    assert s["evictions.drop_copy"] - before["evictions.drop_copy"] >= 16 - 4
+    assert s["evictions.drop"] - before["evictions.drop"] >= 16 - 4
 
 
 def test_environment_keys_for_larger_than_gpu():
@@ -196,44 +266,56 @@ def test_environment_keys_for_larger_than_gpu():
     assert r.stdout.split() == ["512", "512", "0"], r.stdout + r.stderr
 
 
-def test_undoing_one_of_two_offloads_keeps_the_limit_for_the_other(uvm):
-    # The first offload's budget became the limit; the second streams under
-    # it. Undoing the first must not leave the second without a budget.
+def test_each_offload_streams_within_its_own_share_whatever_the_order(uvm):
+    # No limit: two offloads each get their budget. One evicts only its own
+    # weights, so running both, interleaved, never exceeds either budget.
     assert uvm.get_residency_limit() is None
-    first = uvm.offload(make_model(layers=2), budget=64 * MiB)
-    second = uvm.offload(make_model(layers=2), budget=48 * MiB)
-    first.undo()
-    assert uvm.get_residency_limit() == 64 * MiB
-    second.undo()
+    x = torch.randn(16, 2048, device="cuda")
+    want = all_resident_output(x)
+    first, second = make_model(), make_model()
+    a = uvm.offload(first, budget=64 * MiB, mode="prefetch")
+    with torch.no_grad():
+        assert torch.equal(first(x), want)
+    b = uvm.offload(second, budget=48 * MiB, mode="prefetch")
     assert uvm.get_residency_limit() is None
+    assert [(s["holder"], s["budget"]) for s in uvm.residency_shares()] == \
+        [("Sequential", 64 * MiB), ("Sequential", 48 * MiB)]
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(second(x), want) and torch.equal(first(x), want)
+    torch.cuda.synchronize()
+    assert 0 < a.residency_stats()["resident_bytes.peak"] <= 64 * MiB
+    assert 0 < b.residency_stats()["resident_bytes.peak"] <= 48 * MiB
+    assert a.bytes_on_gpu() <= 64 * MiB and b.bytes_on_gpu() <= 48 * MiB
+    # a limit bounds their sum: below it, refused, naming who holds the GPU
+    with pytest.raises(ValueError, match=r"below the budgets .*Sequential \(67108864 bytes\)"):
+        uvm.set_residency_limit(100 * MiB)
+    uvm.set_residency_limit(128 * MiB)
+    with pytest.raises(ValueError, match=r"does not fit .*Sequential \(50331648 bytes\)"):
+        uvm.offload(make_model(layers=2), budget=40 * MiB)
+    a.undo()
+    uvm.offload(make_model(layers=2), budget=40 * MiB).undo()   # room again
+    b.undo()
+    assert uvm.residency_shares() == []
+    uvm.set_residency_limit(None)
 
 
-def test_a_limit_an_offload_would_not_stream_under_is_refused(uvm):
-    # Removing the limit, or lowering it below a live offload's budget, would
-    # let the module stream without its budget: refused, nothing changed.
-    assert uvm.get_residency_limit() is None
+def test_a_budget_past_the_cap_beside_others_is_refused_before_anything_changes(uvm):
+    cap = uvm.get_memory_cap()
     model = make_model(layers=2)
-    handle = uvm.offload(model, budget=64 * MiB)
-    with pytest.raises(ValueError, match=r"no residency limit .* undo\(\) the offload first"):
-        uvm.set_residency_limit(None)
-    with pytest.raises(ValueError, match=r"Sequential \(budget 67108864 bytes\).*smaller budget"):
-        uvm.set_residency_limit(32 * MiB)
-    assert uvm.get_residency_limit() == 64 * MiB
-    uvm.set_residency_limit(128 * MiB)        # above the budget: the user's limit now,
-    handle.undo()                             # so undo leaves it
-    assert uvm.get_residency_limit() == 128 * MiB
-    del handle                                # (an undone handle still holds the module)
-    uvm.offload(model, budget=64 * MiB)
-    del model                                 # dropped without undo (in a reference
-    uvm.set_residency_limit(None)             # cycle): no offload any more
-    assert uvm.get_residency_limit() is None
+    params = list(model.parameters())
+    holder = uvm.offload(make_model(layers=2), budget=cap // 2 + MiB)
+    with pytest.raises(ValueError, match=r"managed memory cap"):
+        uvm.offload(model, budget=cap // 2)
+    assert all(a is b for a, b in zip(model.parameters(), params))
+    assert getattr(model, "_torch_uvm_offloaded", None) is None
+    holder.undo()
 
 
 def test_an_offload_dropped_without_undo_gives_back_what_it_held(uvm):
-    # Its limit, its place in the budget and its weights' memory: a notebook
-    # that offloads a new model in place of the old one must not be refused,
-    # nor keep the old weights.
-    assert uvm.get_residency_limit() is None
+    # Its share of the budget and its weights' GPU memory: a notebook that
+    # offloads a new model in place of the old one must not be refused, nor
+    # keep the old weights.
     x = torch.randn(16, 2048, device="cuda")
     all_resident_output(x)      # (cuBLAS's workspace for this stream is made now, not below)
     torch.cuda.synchronize()
@@ -244,88 +326,62 @@ def test_an_offload_dropped_without_undo_gives_back_what_it_held(uvm):
     with torch.no_grad():
         model(x)
     assert uvm.residency_stats()["resident_bytes.current"] > resident
-    assert uvm.get_residency_limit() == 64 * MiB
+    assert len(uvm.residency_shares()) == 1
     del model
     gc.collect()
-    assert uvm.get_residency_limit() is None
+    assert uvm.residency_shares() == []
     assert uvm.residency_stats()["resident_bytes.current"] == resident
+    torch.cuda.synchronize()
     assert uvm.memory_stats()["allocated_bytes.all.current"] == allocated
+    # dropped, not yet collected, holding most of the cap: a new offload
+    # collects it rather than be refused
+    cap = uvm.get_memory_cap()
     gc.disable()                              # (the collection below is offload's own)
     try:
         old = make_model()
-        uvm.offload(old, budget=64 * MiB)     # its budget becomes the limit
-        del old                               # dropped, not yet collected: a larger
-        uvm.offload(make_model(), budget=96 * MiB).undo()   # budget is not refused
+        uvm.offload(old, budget=cap - 64 * MiB)
+        del old
+        uvm.offload(make_model(), budget=96 * MiB).undo()
     finally:
         gc.enable()
-    assert uvm.get_residency_limit() is None
-
-
-def test_an_offload_budget_is_enforced_without_a_device_limit(uvm):
-    # The budget passed to offload becomes the device's residency limit when
-    # it has none (the first benchmark run kept all 2 GiB resident: it did not).
-    assert uvm.get_residency_limit() is None
-    x = torch.randn(16, 2048, device="cuda")
-    model = make_model()
-    before = uvm.residency_stats()
-    handle = uvm.offload(model, budget=64 * MiB, mode="prefetch")
-    assert uvm.get_residency_limit() == 64 * MiB
-    with torch.no_grad():
-        for _ in range(3):
-            model(x)
-    torch.cuda.synchronize()
-    after = uvm.residency_stats()
-    assert after["evictions.drop_copy"] > before["evictions.drop_copy"]
-    assert after["resident_bytes.current"] <= 64 * MiB
-    with pytest.raises(ValueError, match="residency limit"):
-        uvm.offload(make_model(layers=2), budget=128 * MiB)   # above the limit it set
-    handle.undo()
-    assert uvm.get_residency_limit() is None
+    assert uvm.residency_shares() == []
 
 
 def test_offload_in_place_reads_streamed_weights_where_they_are(uvm, budget):
     x = torch.randn(16, 2048, device="cuda")
     want = all_resident_output(x)
     model = make_model()
-    for p in model.parameters():      # a reused block remembers its last prefetch
-        uvm.prefetch(p, "cpu")
-    torch.cuda.synchronize()
     before = uvm.residency_stats()
     handle = uvm.offload(model, device="cuda")            # auto: 16 rows, no grad
     try:
-        check_in_place(uvm, handle, model, x, want, before, budget)
+        with torch.no_grad():
+            first = model(x)
+            torch.cuda.synchronize()
+            learned = uvm.residency_stats()
+            outs = [model(x) for _ in range(3)]
+        torch.cuda.synchronize()
+        assert handle.mode == "in_place"
+        for out in [first] + outs:
+            assert torch.equal(out, want)
+        after = uvm.residency_stats()
+        # no window: as many layers as the budget holds stay, and after the
+        # first forward nothing moves, nothing leaves
+        resident = handle.resident_units()
+        assert len(resident) == budget // (16 * MiB + 8 * 1024)
+        assert after["prefetched_bytes"] == learned["prefetched_bytes"]
+        assert after["resident_bytes.current"] <= budget
+        for key in ("evictions.drop", "evictions.write_home"):
+            assert after[key] == before[key]
+        for u in handle.units:                            # read straight from the runtime
+            w = u.module.weight
+            if u in resident:
+                assert range_attribute(w, PREFERRED_LOCATION) == 0     # GPU memory
+            else:
+                assert range_attribute(w, PREFERRED_LOCATION) == -1    # home: the CPU
+                assert range_attribute(w, READ_MOSTLY) == 0            # no duplicate
+        assert gpu_bytes(model) == sum(u.nbytes for u in resident)
     finally:
         handle.undo()
-    assert range_attribute(model[-1].weight, PREFERRED_LOCATION) != -1
-
-
-def check_in_place(uvm, handle, model, x, want, before, budget):
-    with torch.no_grad():
-        first = model(x)
-        torch.cuda.synchronize()
-        learned = uvm.residency_stats()
-        outs = [model(x) for _ in range(3)]
-    torch.cuda.synchronize()
-    assert handle.mode == "in_place"
-    for out in [first] + outs:
-        assert torch.equal(out, want)
-    after = uvm.residency_stats()
-    # no window: as many layers as the budget holds stay, and nothing moves
-    # after the first forward, nothing leaves
-    resident = [u for u in handle.units if u.resident]
-    assert len(resident) == budget // (16 * MiB + 8 * 1024)
-    assert after["prefetched_bytes"] == learned["prefetched_bytes"]
-    assert after["resident_bytes.current"] <= budget
-    for key in ("evictions.drop_copy", "evictions.migrate"):
-        assert after[key] == before[key]
-    for u in handle.units:                                # read straight from the runtime
-        w = u.module.weight
-        assert range_attribute(w, READ_MOSTLY) == 0
-        if u.resident:
-            assert range_attribute(w, LAST_PREFETCH_LOCATION) == 0
-        else:
-            assert range_attribute(w, PREFERRED_LOCATION) == -1     # home: the CPU
-            assert range_attribute(w, LAST_PREFETCH_LOCATION) == -1  # never brought
 
 
 def test_offload_mode_auto_prefetches_for_large_inputs_and_training(uvm, budget):
@@ -383,49 +439,156 @@ def test_prefetching_lets_go_of_batches_and_of_a_loop_left_early(uvm, budget):
     uvm.bring(torch.ones(16 * MiB - 1024), "cuda")        # the whole budget: nothing busy
 
 
-def test_training_under_a_budget_gives_the_all_resident_losses(uvm):
+def streamed_bytes_on_gpu(model, optimizer) -> int:
+    """Weights, gradients and optimizer states (64 KiB and more) in GPU
+    memory now, asked of the driver."""
+    seen = {}
+    for p in model.parameters():
+        states = [t for t in optimizer.state.get(p, {}).values()
+                  if isinstance(t, torch.Tensor) and t.is_cuda and t.nbytes >= 64 << 10]
+        for t in [p] + ([p.grad] if p.grad is not None else []) + states:
+            if range_attribute(t, PREFERRED_LOCATION) >= 0:
+                seen[t.data_ptr()] = t.nbytes
+    return sum(seen.values())
+
+
+def train_steps(model, optimizer, x, steps=4, between=None):
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, 2, gamma=0.5)
+    losses = []
+    for _ in range(steps):
+        loss = model(x).square().mean()
+        loss.backward()
+        if between is not None:
+            between()
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()                         # set to None: the gradients die
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
+@pytest.mark.parametrize("in_backward", [False, True], ids=["step_after", "step_in_backward"])
+def test_training_under_a_budget_gives_the_all_resident_losses(uvm, in_backward, fused):
     torch.manual_seed(1)
     x = torch.randn(64, 1024, device="cuda")
-
-    def train(model, optimizer, steps=4):
-        schedule = torch.optim.lr_scheduler.StepLR(optimizer, 2, gamma=0.5)
-        losses = []
-        for _ in range(steps):
-            loss = model(x).square().mean()
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad()                         # set to None: the gradients die
-            losses.append(loss.item())
-        return losses
     reference = make_model(width=1024).cuda()             # 8 x 4 MiB
-    want = train(reference, torch.optim.AdamW(reference.parameters(), lr=1e-3))
+    want = train_steps(reference, torch.optim.AdamW(reference.parameters(), lr=1e-3,
+                                                    fused=fused), x)
     model = make_model(width=1024)
     budget = 24 * MiB                                     # weights alone take 32 MiB
-    uvm.reset_peak_memory_stats()
     before = uvm.residency_stats()
     handle = uvm.offload(model, budget=budget)
     with pytest.raises(ValueError, match="create the optimizer after"):
         handle.stream_optimizer(torch.optim.AdamW(make_model(layers=1).parameters()))
-    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3,
+                                                          fused=fused),
+                                        step_in_backward=in_backward)
+    peak = [0]
+
+    def note(*_):
+        peak[0] = max(peak[0], streamed_bytes_on_gpu(model, optimizer))
+    hooks = [m.register_forward_pre_hook(note) for m in model]
+    hooks += [m.register_full_backward_pre_hook(note) for m in model]
+    states_at_step = []     # where each state is when the optimizer's own step runs
+
+    def at_step(opt, *_):
+        for group in opt.param_groups:
+            for p in group["params"]:
+                states_at_step.extend(
+                    range_attribute(t, PREFERRED_LOCATION) for t in opt.state.get(p, {}).values()
+                    if isinstance(t, torch.Tensor) and t.is_cuda and t.nbytes >= 64 << 10)
+    hooks.append(optimizer.register_step_pre_hook(at_step))
+    after_backward = []
+
+    def look():                                   # between backward and step
+        grads = [p.grad for p in model.parameters()]
+        after_backward.append(
+            None if in_backward and all(g is None for g in grads) else
+            all(g is not None and range_attribute(g, PREFERRED_LOCATION) == -1 for g in grads))
+        note()
     try:
-        got = train(model, optimizer)
+        got = train_steps(model, optimizer, x, between=look)
         torch.cuda.synchronize()
         assert handle.mode == "prefetch" and handle.training
         assert got == want                                # bit for bit
         for p, q in zip(model.parameters(), reference.parameters()):
             assert torch.equal(p, q)
+        # measured by the driver: weights, gradients and states on the GPU
+        # never exceeded the budget
+        assert 0 < peak[0] <= budget
         s = uvm.residency_stats()
-        assert s["resident_bytes.peak"] <= budget
-        # written weights, gradients and moments went home; dead gradients
-        # were forgotten, not moved
-        assert s["evictions.migrate"] > before["evictions.migrate"]
-        assert s["evictions.discard"] > before["evictions.discard"]
-        assert all(uvm.is_managed(t) for p in model.parameters()
-                   for t in optimizer.state[p].values() if t.is_cuda)
+        assert handle.residency_stats()["resident_bytes.peak"] <= budget
+        # written weights and moments went home by a copy
+        assert s["evictions.write_home"] > before["evictions.write_home"]
+        if in_backward:    # gradients stepped in backward, then died on the GPU
+            assert after_backward == [None] * 4
+            assert s["evictions.discard"] > before["evictions.discard"]
+        else:              # gradients complete in backward went home at once
+            assert after_backward == [True] * 4
+        # a fused step reads its states in place at home; one of several
+        # passes gets them copied to the GPU first
+        assert len(states_at_step) == 3 * 16 and set(states_at_step) == {-1 if fused else 0}
+        states = [t for p in model.parameters() for t in optimizer.state[p].values()
+                  if t.is_cuda and t.nbytes >= 64 << 10]
+        assert len(states) == 16 and all(range_attribute(t, PREFERRED_LOCATION) == -1
+                                         for t in states)   # at home between steps
     finally:
+        for h in hooks:
+            h.remove()
         handle.undo()
     assert "step" not in optimizer.__dict__
+
+
+def test_step_in_backward_refuses_a_second_backward_before_the_step(uvm):
+    x = torch.randn(16, 1024, device="cuda")
+    model = make_model(layers=4, width=1024)
+    handle = uvm.offload(model, budget=24 * MiB)
+    optimizer = handle.stream_optimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                        step_in_backward=True)
+    try:
+        model(x).sum().backward()
+        with pytest.raises(RuntimeError, match="second backward before optimizer.step"):
+            model(x).sum().backward()
+        optimizer.step()
+        model(x).sum().backward()                         # after a step: fine
+        optimizer.step()
+    finally:
+        handle.undo()
+
+
+def test_a_step_failing_half_way_says_what_stepped_and_holds_nothing(uvm):
+    x = torch.randn(16, 1024, device="cuda")
+    model = make_model(layers=6, width=1024)
+    handle = uvm.offload(model, budget=24 * MiB)
+    inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    calls = [0]
+    own = inner.step
+
+    def failing_step(*a, **k):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise torch.OutOfMemoryError("injected: out of memory in the step")
+        return own(*a, **k)
+    inner.step = failing_step
+    optimizer = handle.stream_optimizer(inner)
+    try:
+        model(x).square().mean().backward()
+        with pytest.raises(torch.OutOfMemoryError, match="injected") as info:
+            optimizer.step()
+        note = "\n".join(getattr(info.value, "__notes__", []))
+        assert "failed in submodule '2'" in note and "2 submodule(s) had stepped: ['0', '1']" in note
+        torch.cuda.synchronize()
+        # nothing but the resident prefix is on the GPU, nothing is held
+        resident = sum(u.nbytes for u in handle.resident_units())
+        assert handle.bytes_on_gpu() == resident
+        assert handle.residency_stats()["resident_bytes.current"] == resident
+        optimizer.zero_grad()
+        model(x).square().mean().backward()               # and it trains on
+        optimizer.step()
+    finally:
+        handle.undo()
+    assert all(not p.is_cuda for p in model.parameters())
 
 
 def test_training_steps_a_tied_weight_once(uvm):

@@ -1,0 +1,194 @@
+"""Larger than the GPU, (g): generation with a model twice its budget, side by
+side with the anchors, against the link's limit measured in the same run.
+
+    python benchmarks/offload_generate.py [--rounds 2] [--out DIR]
+
+A random-init GPT-2-style model (n_embd 2048, 30 layers, about 3 GiB fp16)
+generates 32 tokens greedily from a 32-token prompt under a 1.5 GiB budget:
+all resident; torch_uvm.offload in its auto mode (in place at batch 1) and
+in prefetch mode (streamed layers copied into GPU memory one submodule
+ahead); accelerate dispatch_model with the same GPU share. Tokens/s; the
+tokens must equal all-resident's.
+
+The link's limit: each token must bring the weights that are not resident
+across PCIe, so tokens/s <= pinned H2D rate / streamed bytes per token. The
+pinned rate is measured by its own variant in every round (1 GiB pinned
+copies), so the limit and the runs share the machine's state.
+
+Each variant in a fresh process, variants interleaved round by round.
+Writes offload_generate.json and .png to --out.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # torch_uvm
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                   # method
+import method  # noqa: E402
+
+MiB, GiB = 1 << 20, 1 << 30
+GEN_BUDGET, PROMPT, NEW_TOKENS = 3 * GiB // 2, 32, 32
+PLAN = {"generate": ["pinned_rate", "resident", "torch_uvm_offload", "torch_uvm_offload_prefetch",
+                     "accelerate_dispatch"]}
+
+
+def gpt2():
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    config = GPT2Config(n_embd=2048, n_layer=30, n_head=16, n_positions=1024)
+    return GPT2LMHeadModel(config).half().eval()
+
+
+def pinned_rate():
+    """Pinned host-to-GPU copies of 1 GiB, best of 5: the link's rate now."""
+    import torch
+    host = torch.ones(GiB // 2, dtype=torch.float16).pin_memory()
+    dev = torch.empty_like(host, device="cuda")
+    best = float("inf")
+    for _ in range(6):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dev.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return {"h2d_gbps": GiB / best / 1e9}
+
+
+def run_generate(variant):
+    import torch
+    if variant == "pinned_rate":
+        return pinned_rate()
+    if variant.startswith("torch_uvm"):
+        import torch_uvm
+        torch_uvm.set_enabled_uvm(True)
+    model = gpt2()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    ids = torch.randint(0, model.config.vocab_size, (1, PROMPT),
+                        generator=torch.Generator().manual_seed(1)).cuda()
+    peak, extra, streamed = weights, {}, 0
+    if variant == "resident":
+        model.cuda()
+    elif variant.startswith("torch_uvm_offload"):
+        mode = "prefetch" if variant.endswith("prefetch") else "auto"
+        handle = torch_uvm.offload(model, budget=GEN_BUDGET, device="cuda", mode=mode)
+    elif variant == "accelerate_dispatch":
+        from accelerate import dispatch_model
+        per_block = sum(p.numel() * 2 for p in model.transformer.h[0].parameters())
+        rest = weights - per_block * len(model.transformer.h)
+        on_gpu = (GEN_BUDGET - rest) // per_block
+        device_map = {"transformer.wte": 0, "transformer.wpe": 0, "transformer.ln_f": 0,
+                      "lm_head": 0}
+        device_map.update({f"transformer.h.{i}": 0 if i < on_gpu else "cpu"
+                           for i in range(len(model.transformer.h))})
+        dispatch_model(model, device_map=device_map, main_device=0)
+        peak, extra = rest + on_gpu * per_block, {"blocks_on_gpu": int(on_gpu)}
+        streamed = weights - peak
+
+    def generate():
+        with torch.no_grad():
+            return model.generate(ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                  do_sample=False, pad_token_id=0)
+    out = generate()                                      # warm-up (and learns the order)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        out = generate()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    if variant.startswith("torch_uvm_offload"):
+        s = handle.residency_stats()
+        peak = s["resident_bytes.peak"]
+        resident = handle.resident_units()
+        # the weights not resident cross the link once per token
+        streamed = weights - sum(u.nbytes for u in resident)
+        extra = {"mode": handle.mode, "resident_units": len(resident),
+                 "units": len(handle.units)}
+    return {"tokens_per_s": NEW_TOKENS / min(times), "weights_bytes": weights,
+            "peak_resident_bytes": peak, "streamed_bytes_per_token": streamed,
+            "tokens": out[0, PROMPT:].tolist(), **extra}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variant")
+    ap.add_argument("--scenario")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    args = ap.parse_args()
+    if args.variant:
+        print("RESULT " + json.dumps(run_generate(args.variant)), flush=True)
+        return
+    runs = method.scenario_runs(os.path.abspath(__file__), PLAN, ["generate"], args.rounds,
+                                timeout=400)["generate"]
+    rates = [r["h2d_gbps"] if r else None for r in runs["pinned_rate"]]
+    ref = next((r["tokens"] for r in runs["resident"] if r), None)
+    print(f"\n(g) GPT-2-style, n_embd 2048, 30 layers (~3 GiB fp16), {NEW_TOKENS} tokens from "
+          f"a {PROMPT}-token prompt, budget {GEN_BUDGET / GiB:.1f} GiB; pinned H2D rate this run: "
+          f"{method.summarize([r for r in rates if r])['median']:.1f} GB/s")
+    print("| variant | tokens/s (median, min-max) | link limit, tokens/s | of the limit | "
+          "peak resident | streamed / token | tokens = all resident |")
+    print("|---|---|---|---|---|---|---|")
+    tables, compared = {}, {}
+    for v, rs in runs.items():
+        if v == "pinned_rate":
+            continue
+        ok = [r for r in rs if r]
+        if not ok:
+            print(f"| {v} | failed | | | | | |")
+            continue
+        t = method.summarize([r["tokens_per_s"] for r in ok])
+        same = all(r["tokens"] == ref for r in ok) if ref else None
+        streamed = ok[-1]["streamed_bytes_per_token"]
+        limits = [rate * 1e9 / streamed if r and rate and streamed else None
+                  for r, rate in zip(rs, rates)]
+        share = method.ratio([r["tokens_per_s"] if r else None for r in rs], limits,
+                             target=0.85, lower_is_better=False) if streamed else None
+        lim = method.summarize([x for x in limits if x])
+        tables[v] = {**{k: ok[-1][k] for k in ok[-1] if k != "tokens"}, "tokens_per_s": t,
+                     "same_tokens": same, "link_limit_tokens_per_s": lim, "of_limit": share}
+        print(f"| {v} | {t['median']:.1f} ({t['min']:.1f}-{t['max']:.1f}) | "
+              f"{lim['median']:.1f} | {share['median']:.2f} | " if share else
+              f"| {v} | {t['median']:.1f} ({t['min']:.1f}-{t['max']:.1f}) | — | — | ", end="")
+        print(f"{ok[-1]['peak_resident_bytes'] / MiB:.0f} MiB | {streamed / MiB:.0f} MiB | {same} |")
+        if share and v.startswith("torch_uvm"):
+            compared[f"(g) {v}, tokens/s / link limit"] = share
+    compared["(g) accelerate dispatch_model / torch_uvm.offload, tokens/s"] = method.ratio(
+        [r["tokens_per_s"] if r else None for r in runs["accelerate_dispatch"]],
+        [r["tokens_per_s"] if r else None for r in runs["torch_uvm_offload"]],
+        lower_is_better=False)
+    print("\n| ratio (each round's runs paired) | median (min–max) | target | |")
+    print("|---|---|---|---|")
+    for name, summary in compared.items():
+        print(method.describe(name, summary))
+    os.makedirs(args.out, exist_ok=True)
+    method.write(os.path.join(args.out, "offload_generate.json"), compared, runs=runs,
+                 tables=tables)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(8, 4))
+        names = list(tables)
+        med = [tables[n]["tokens_per_s"]["median"] for n in names]
+        ax.bar(names, med, yerr=[[m - tables[n]["tokens_per_s"]["min"] for n, m in zip(names, med)],
+                                 [tables[n]["tokens_per_s"]["max"] - m for n, m in zip(names, med)]],
+               capsize=4)
+        lim = tables.get("torch_uvm_offload", {}).get("link_limit_tokens_per_s")
+        if lim:
+            ax.axhline(lim["median"], color="k", ls="--", label="link limit (torch_uvm's share)")
+            ax.legend()
+        ax.set_ylabel("tokens/s")
+        ax.tick_params(axis="x", rotation=20)
+        ax.set_title("(g) generate, 3 GiB model, 1.5 GiB budget")
+        fig.tight_layout()
+        fig.savefig(os.path.join(args.out, "offload_generate.png"), dpi=110)
+    except ImportError:
+        print("matplotlib missing: no plot")
+
+
+if __name__ == "__main__":
+    main()

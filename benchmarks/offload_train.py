@@ -1,0 +1,277 @@
+"""Larger than the GPU, training (issue 20's (t) and (t2)), side by side with
+the anchors, against the link's limit of the step.
+
+    python benchmarks/offload_train.py [--rounds 2] [--only mlp,gpt2] [--out DIR]
+
+(t) mlp: 32 fp32 Linear(4096, 4096, bias=False) (2 GiB of weights; 8 GiB with
+    gradients and AdamW's two moments), batch 256, AdamW, under a 1 GiB
+    budget. Seconds per step. AdamW with fused=True throughout (one pass over
+    the states: torch_uvm steps them in place in host memory).
+(t2) gpt2: HF GPT-2 config, 24 layers, n_embd 2048 (1.2 B parameters; about
+    19 GB of fp32 weights, gradients and AdamW states), batch 4 x 512 tokens,
+    under a 4 GiB budget. Tokens per second.
+
+Variants: all resident; torch_uvm.offload with stream_optimizer (the step
+after backward, and step_in_backward); PyTorch's FSDP2 with CPUOffloadPolicy
+(world size 1: weights, gradients and states in pinned host memory, the step
+on the CPU); for the MLP also torchao's CPUOffloadOptimizer and
+bitsandbytes' PagedAdamW, which keep the weights on the GPU (only the
+optimizer's states, and for torchao the gradients, live in host memory).
+Losses are compared with all-resident's, bit for bit.
+
+The link's limit: bytes a step must move each way, at the pinned rate of 55
+GB/s each way at once, for torch_uvm's placement (the resident prefix its
+plan chose): streamed weights cross twice to the GPU (forward, backward) and
+once home (written by the step), every AdamW moment crosses both ways once,
+and gradients never cross (step_in_backward). Printed beside each result.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # torch_uvm
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                   # method
+import method  # noqa: E402
+
+MiB, GiB = 1 << 20, 1 << 30
+LINK = 55e9   # pinned copies, each way (FINDINGS.md)
+SCENARIOS = {
+    "mlp": {"budget": 1 * GiB, "steps": 5, "lr": 1e-4},
+    "gpt2": {"budget": 4 * GiB, "steps": 4, "lr": 1e-4},
+}
+PLAN = {
+    "mlp": ["resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload",
+            "torchao_cpu_offload", "bnb_paged_adamw"],
+    "gpt2": ["resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload"],
+}
+MLP_LAYERS, MLP_WIDTH, MLP_BATCH = 32, 4096, 256
+GPT_BATCH, GPT_SEQ = 4, 512
+
+
+def build(scenario):
+    import torch
+    torch.manual_seed(0)
+    if scenario == "mlp":
+        model = torch.nn.Sequential(*[torch.nn.Linear(MLP_WIDTH, MLP_WIDTH, bias=False)
+                                      for _ in range(MLP_LAYERS)])
+        x = torch.randn(MLP_BATCH, MLP_WIDTH, generator=torch.Generator().manual_seed(1))
+
+        def loss_fn(m, x):
+            return m(x).square().mean()
+        return model, x, loss_fn
+    from transformers import GPT2Config, GPT2LMHeadModel
+    config = GPT2Config(n_embd=2048, n_layer=24, n_head=16, n_positions=GPT_SEQ,
+                        attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+    model = GPT2LMHeadModel(config)
+    x = torch.randint(0, config.vocab_size, (GPT_BATCH, GPT_SEQ),
+                      generator=torch.Generator().manual_seed(1))
+
+    def loss_fn(m, x):
+        return m(input_ids=x, labels=x).loss
+    return model, x, loss_fn
+
+
+def fsdp2(model):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    torch.cuda.set_device(0)
+    blocks = model.transformer.h if hasattr(model, "transformer") else list(model)
+    for block in blocks:
+        fully_shard(block, offload_policy=CPUOffloadPolicy())
+    fully_shard(model, offload_policy=CPUOffloadPolicy())
+    return model
+
+
+def run(scenario, variant):
+    import torch
+    conf = SCENARIOS[scenario]
+    uvm = variant.startswith("torch_uvm")
+    if uvm:
+        import torch_uvm
+        torch_uvm.set_enabled_uvm(True)
+    model, x, loss_fn = build(scenario)
+    x = x.cuda()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    extra, handle = {}, None
+    if variant == "resident":
+        model.cuda()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True)
+    elif uvm:
+        handle = torch_uvm.offload(model, budget=conf["budget"], device="cuda")
+        optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True),
+                                            step_in_backward=variant.endswith("in_backward"))
+    elif variant == "fsdp2_cpu_offload":
+        model = fsdp2(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True)
+    elif variant == "torchao_cpu_offload":
+        from torchao.optim import CPUOffloadOptimizer
+        model.cuda()
+        optimizer = CPUOffloadOptimizer(model.parameters(), torch.optim.AdamW,
+                                        offload_gradients=True, lr=conf["lr"], fused=True)
+    elif variant == "bnb_paged_adamw":
+        import bitsandbytes as bnb
+        model.cuda()
+        optimizer = bnb.optim.PagedAdamW(model.parameters(), lr=conf["lr"])
+    losses, times = [], []
+    before = None
+    for step in range(conf["steps"]):
+        if step == 1 and handle is not None:
+            torch.cuda.synchronize()
+            before = handle.residency_stats()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = loss_fn(model, x)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    steady = sorted(times[1:])
+    if handle is not None:
+        after = handle.residency_stats()
+        n = conf["steps"] - 1
+        resident = handle.resident_units()
+        extra = {"peak_resident_bytes": after["resident_bytes.peak"],
+                 "resident_units": len(resident), "units": len(handle.units),
+                 "resident_weight_bytes": sum(u.nbytes for u in resident),
+                 "to_gpu_bytes_per_step": (after["prefetched_bytes"] - before["prefetched_bytes"]) / n,
+                 "home_bytes_per_step": (after["evicted_bytes.write_home"]
+                                         - before["evicted_bytes.write_home"]) / n,
+                 "evictions": {k: after[k] - before[k] for k in after if k.startswith("evict")}}
+    extra["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+    if variant == "fsdp2_cpu_offload":
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    return {"s_per_step": steady[len(steady) // 2], "first_step_s": times[0], "losses": losses,
+            "weights_bytes": weights, "tokens_per_step": x.numel() if scenario == "gpt2" else None,
+            **extra}
+
+
+def link_limit(weights: int, resident: int) -> dict:
+    """The step's bytes each way for torch_uvm's placement with the step in
+    backward, and the seconds they take at the pinned rate, both ways at once."""
+    streamed = weights - resident
+    moments = 2 * weights                        # AdamW: two fp32 moments per weight
+    to_gpu = 2 * streamed + moments
+    home = streamed + moments
+    return {"to_gpu_bytes": to_gpu, "home_bytes": home, "seconds": max(to_gpu, home) / LINK}
+
+
+def report(scenario, runs):
+    ref = next((r["losses"] for r in runs["resident"] if r), None)
+    uvm_run = next((r for r in runs.get("torch_uvm_in_backward", []) if r), None)
+    limit = link_limit(uvm_run["weights_bytes"], uvm_run["resident_weight_bytes"]) \
+        if uvm_run else None
+    conf = SCENARIOS[scenario]
+    print(f"\n({'t' if scenario == 'mlp' else 't2'}) {scenario}, budget "
+          f"{conf['budget'] / GiB:.0f} GiB, AdamW; link limit of a step (torch_uvm's "
+          f"placement, step in backward, {LINK / 1e9:.0f} GB/s each way): "
+          + (f"{limit['to_gpu_bytes'] / GiB:.2f} GiB to the GPU, {limit['home_bytes'] / GiB:.2f} "
+             f"GiB home = {limit['seconds']:.3f} s" if limit else "unknown"))
+    unit = "tokens/s" if scenario == "gpt2" else "s / step"
+    print(f"| variant | {unit} (median of rounds; min-max) | x the link limit | losses = all "
+          "resident | to GPU / home per step (torch_uvm) | max_memory_allocated |")
+    print("|---|---|---|---|---|---|")
+    table = {}
+    for v, rs in runs.items():
+        ok = [r for r in rs if r]
+        if not ok:
+            print(f"| {v} | failed | | | | |")
+            continue
+        if scenario == "gpt2":
+            vals = [r["tokens_per_step"] / r["s_per_step"] for r in ok]
+        else:
+            vals = [r["s_per_step"] for r in ok]
+        t = method.summarize(vals)
+        secs = method.summarize([r["s_per_step"] for r in ok])
+        over = secs["median"] / limit["seconds"] if limit else None
+        same = all(r["losses"] == ref for r in ok) if ref else None
+        moved = (f"{ok[-1]['to_gpu_bytes_per_step'] / GiB:.2f} / "
+                 f"{ok[-1]['home_bytes_per_step'] / GiB:.2f} GiB") \
+            if "to_gpu_bytes_per_step" in ok[-1] else ""
+        table[v] = {**{k: ok[-1][k] for k in ok[-1] if k != "losses"}, "value": t,
+                    "s_per_step": secs, "x_link_limit": over, "same_losses": same,
+                    "losses": ok[-1]["losses"]}
+        fmt = ".0f" if scenario == "gpt2" else ".3f"
+        print(f"| {v} | {t['median']:{fmt}} ({t['min']:{fmt}}-{t['max']:{fmt}}) | "
+              f"{'' if over is None else f'{over:.2f}'} | {same} | {moved} | "
+              f"{ok[-1]['max_memory_allocated'] / GiB:.2f} GiB |")
+    return table, limit
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variant")
+    ap.add_argument("--scenario")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--only", default="mlp,gpt2")
+    ap.add_argument("--variants", default=None,
+                    help="run only these variants (comma-separated), e.g. for a quick check")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    args = ap.parse_args()
+    if args.variant:
+        print("RESULT " + json.dumps(run(args.scenario, args.variant)), flush=True)
+        return
+    scenarios = [s for s in args.only.split(",") if s in PLAN]
+    if args.variants:
+        keep = args.variants.split(",")
+        for s in scenarios:
+            PLAN[s] = [v for v in PLAN[s] if v in keep]
+    runs = method.scenario_runs(os.path.abspath(__file__), PLAN, scenarios, args.rounds,
+                                timeout=480)
+    compared, tables = {}, {}
+    for s in scenarios:
+        table, limit = report(s, runs[s])
+        tables[s] = {"variants": table, "link_limit": limit}
+
+        def metric(v):
+            return [r["s_per_step"] if r else None for r in runs[s].get(v, [])]
+        for v in ("torch_uvm", "torch_uvm_in_backward"):
+            if limit:
+                compared[f"({s}) {v}, s per step / the step's link limit"] = method.ratio(
+                    metric(v), [limit["seconds"]] * args.rounds, target=2.0)
+            compared[f"({s}) {v} / FSDP2 CPUOffloadPolicy, s per step"] = method.ratio(
+                metric(v), metric("fsdp2_cpu_offload"))
+        if s == "mlp":
+            compared["(mlp) torch_uvm_in_backward, s per step (target 0.3)"] = method.ratio(
+                metric("torch_uvm_in_backward"), [1.0] * args.rounds, target=0.3)
+    print("\n| ratio (each round's runs paired) | median (min–max) | target | |")
+    print("|---|---|---|---|")
+    for name, summary in compared.items():
+        print(method.describe(name, summary))
+    os.makedirs(args.out, exist_ok=True)
+    method.write(os.path.join(args.out, "offload_train.json"), compared, runs=runs, tables=tables)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(1, len(tables), figsize=(6.5 * len(tables), 4.5), squeeze=False)
+        for ax, (s, t) in zip(axes[0], tables.items()):
+            names = list(t["variants"])
+            med = [t["variants"][n]["s_per_step"]["median"] for n in names]
+            ax.bar(names, med, capsize=4, yerr=[
+                [m - t["variants"][n]["s_per_step"]["min"] for n, m in zip(names, med)],
+                [t["variants"][n]["s_per_step"]["max"] - m for n, m in zip(names, med)]])
+            if t["link_limit"]:
+                ax.axhline(t["link_limit"]["seconds"], color="k", ls="--",
+                           label="link limit (torch_uvm's placement)")
+                ax.legend()
+            ax.set_yscale("log")
+            ax.set_ylabel("s / step (log)")
+            ax.tick_params(axis="x", rotation=25)
+            ax.set_title(f"{s}: budget {SCENARIOS[s]['budget'] / GiB:.0f} GiB")
+        fig.tight_layout()
+        fig.savefig(os.path.join(args.out, "offload_train.png"), dpi=110)
+    except ImportError:
+        print("matplotlib missing: no plot")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+// An event of the runtime's (runtime.h), owned: created on first record,
+// destroyed with its owner (a pending event is released by the driver once
+// it completes).
+#pragma once
+
+#include "core/runtime.h"
+
+namespace torch_uvm {
+
+class RuntimeEvent {
+ public:
+  explicit RuntimeEvent(Runtime& rt) : rt_(&rt) {}
+  RuntimeEvent(RuntimeEvent&& o) noexcept : rt_(o.rt_), event_(o.event_), recorded_(o.recorded_) {
+    o.event_ = nullptr;
+    o.recorded_ = false;
+  }
+  RuntimeEvent(const RuntimeEvent&) = delete;
+  RuntimeEvent& operator=(const RuntimeEvent&) = delete;
+  ~RuntimeEvent() {
+    if (event_ == nullptr) return;
+    try {
+      rt_->destroy_event(event_);
+    } catch (...) {
+    }
+  }
+
+  // The work queued on `stream` so far.
+  void record(StreamRef stream) {
+    if (event_ == nullptr) event_ = rt_->create_event(stream.device);
+    rt_->record_event(event_, stream);
+    recorded_ = true;
+  }
+  // `stream`'s later work waits for it (nothing if never recorded).
+  void block(StreamRef stream) const {
+    if (recorded_) rt_->stream_wait_event(stream, event_);
+  }
+  void synchronize() const {
+    if (recorded_) rt_->synchronize_event(event_);
+  }
+  bool done() const { return !recorded_ || rt_->query_event(event_); }
+  bool recorded() const { return recorded_; }
+  // Forgets what it waited for: nothing to wait for until recorded again.
+  void reset() { recorded_ = false; }
+
+ private:
+  Runtime* rt_;
+  EventHandle event_ = nullptr;
+  bool recorded_ = false;
+};
+
+}  // namespace torch_uvm

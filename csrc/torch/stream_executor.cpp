@@ -1,0 +1,392 @@
+#include "torch/stream_executor.h"
+
+#include <c10/cuda/CUDAFunctions.h>
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "torch/state.h"
+#include "torch_uvm/torch_uvm.h"
+
+namespace torch_uvm {
+namespace {
+
+StreamRef ref(const c10::cuda::CUDAStream& s) {
+  return {s.device_index(), reinterpret_cast<std::uintptr_t>(s.stream())};
+}
+
+// Optimizer states smaller than this (a step count) stay where the
+// optimizer put them: moving them would cost more calls than bytes.
+constexpr std::size_t kSmallestStreamed = 64 << 10;
+
+}  // namespace
+
+StreamExecutor::StreamExecutor(ResidencyBudget& budget, ShareId share, c10::Device device,
+                               int ahead, bool in_place)
+    : budget_(budget),
+      share_(share),
+      device_(device),
+      ahead_(ahead),
+      in_place_(in_place),
+      bring_stream_(c10::cuda::getStreamFromPool(false, device.index())),
+      home_stream_(c10::cuda::getStreamFromPool(false, device.index())),
+      compute_done_(allocator().runtime()),
+      homes_written_(allocator().runtime()) {
+  TORCH_CHECK(device.is_cuda() && device.has_index(), "torch_uvm: streaming needs a GPU");
+  TORCH_CHECK(ahead >= 1, "torch_uvm: ahead must be at least 1");
+}
+
+// Dropped with tensors on the GPU (an offload collected without undo): the
+// slots go back to the allocator once every stream that used them passed.
+StreamExecutor::~StreamExecutor() {
+  std::vector<c10::cuda::CUDAStream> streams = compute_streams_;
+  streams.push_back(bring_stream_);
+  streams.push_back(home_stream_);
+  for (Entry& e : entries_) {
+    try {
+      e.tensor->let_go(streams);
+    } catch (...) {
+    }
+  }
+}
+
+c10::cuda::CUDAStream StreamExecutor::compute() const {
+  return c10::cuda::getCurrentCUDAStream(device_.index());
+}
+
+int StreamExecutor::entry_for(const at::Tensor& t) const {
+  auto it = by_target_.find(t.unsafeGetTensorImpl());
+  return it == by_target_.end() ? -1 : it->second;
+}
+
+int StreamExecutor::add_entry(const at::Tensor& target, StreamedTensor::Memory memory) {
+  Entry e;
+  e.tensor = std::make_unique<StreamedTensor>(target, memory);
+  entries_.push_back(std::move(e));
+  const int id = static_cast<int>(entries_.size()) - 1;
+  by_target_[target.unsafeGetTensorImpl()] = id;
+  by_key_[key(id)] = id;
+  return id;
+}
+
+int StreamExecutor::add_unit(const std::string& name, const std::vector<at::Tensor>& targets,
+                             const std::vector<at::Tensor>& trainable) {
+  Unit u;
+  u.name = name;
+  for (const at::Tensor& t : targets) {
+    int id = entry_for(t);
+    if (id < 0) id = add_entry(t, StreamedTensor::Memory::kHome);
+    if (std::find(u.tensors.begin(), u.tensors.end(), id) == u.tensors.end()) {
+      u.tensors.push_back(id);
+    }
+  }
+  u.trainable = trainable;
+  u.grads.assign(trainable.size(), -1);
+  units_.push_back(std::move(u));
+  return static_cast<int>(units_.size()) - 1;
+}
+
+std::size_t StreamExecutor::unit_bytes(int unit) const {
+  std::size_t sum = 0;
+  for (int id : units_.at(unit).tensors) sum += entries_[id].tensor->nbytes();
+  return sum;
+}
+
+std::size_t StreamExecutor::bytes_on_gpu(int unit) const {
+  std::size_t sum = 0;
+  for (int id : units_.at(unit).tensors) {
+    if (entries_[id].tensor->in_slot()) sum += entries_[id].tensor->nbytes();
+  }
+  return sum;
+}
+
+void StreamExecutor::hold(int id) {
+  if (entries_[id].holds++ == 0) budget_.set_busy(key(id), true);
+}
+
+void StreamExecutor::release(int id) {
+  Entry& e = entries_[id];
+  if (e.holds > 0 && --e.holds == 0 && !e.pinned) budget_.set_busy(key(id), false);
+}
+
+void StreamExecutor::carry_out(const std::vector<EvictionStep>& steps) {
+  if (steps.empty()) return;
+  compute_done_.record(ref(compute()));
+  bool wrote = false;
+  for (const EvictionStep& s : steps) {
+    const int id = by_key_.at(s.address);
+    wrote |= leave(id, s.how == Eviction::kWriteHome);
+  }
+  if (wrote) homes_written_.record(ref(home_stream_));
+}
+
+bool StreamExecutor::leave(int id, bool written) {
+  StreamedTensor& t = *entries_[id].tensor;
+  written = written || t.changed() || !t.has_home();
+  t.leave(written, compute_done_, compute(), home_stream_);
+  return written;
+}
+
+void StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAStream stream) {
+  auto ready = std::make_shared<RuntimeEvent>(allocator().runtime());
+  bool brought = false;
+  std::vector<int> held;
+  try {
+    for (int id : ids) {
+      StreamedTensor& t = *entries_[id].tensor;
+      // admitted (touched, if resident), then held: a later one of `ids`
+      // cannot evict it
+      carry_out(budget_.admit(device_.index(), key(id), t.nbytes(), false, share_));
+      hold(id);
+      held.push_back(id);
+      if (t.in_slot()) continue;
+      try {
+        t.bring(stream);
+      } catch (...) {
+        budget_.forget(key(id));
+        throw;
+      }
+      t.ready = ready;
+      brought = true;
+    }
+  } catch (...) {
+    for (int id : held) release(id);
+    throw;
+  }
+  if (brought) ready->record(ref(stream));
+}
+
+void StreamExecutor::wait_ready(const std::vector<int>& ids) {
+  const StreamRef c = ref(compute());
+  for (int id : ids) {
+    auto& ready = entries_[id].tensor->ready;
+    if (ready) {
+      ready->block(c);
+      ready.reset();
+    }
+  }
+}
+
+void StreamExecutor::plan(std::size_t window, bool training) {
+  training_ = training;
+  std::vector<int> seen;
+  std::unordered_set<int> taken;
+  for (int u : seen_) {
+    if (taken.insert(u).second) seen.push_back(u);
+  }
+  for (int u = 0; u < units(); ++u) {
+    if (taken.insert(u).second) seen.push_back(u);  // never ran: last
+  }
+  order_ = seen;
+  position_.assign(units_.size(), 0);
+  std::vector<std::size_t> sizes;
+  for (std::size_t i = 0; i < order_.size(); ++i) {
+    position_[order_[i]] = static_cast<int>(i);
+    sizes.push_back(unit_bytes(order_[i]));
+  }
+  const std::size_t budget = budget_.share_stats(share_).limit;
+  const std::vector<bool> resident =
+      plan_resident(sizes, budget, budget > window ? budget - window : 0);
+  for (std::size_t i = 0; i < order_.size(); ++i) {
+    Unit& u = units_[order_[i]];
+    u.resident = resident[i];
+    if (!u.resident) continue;
+    bring_entries(u.tensors, bring_stream_);
+    for (int id : u.tensors) {
+      entries_[id].pinned = true;
+      release(id);
+    }
+  }
+  for (Unit& u : units_) {
+    if (u.resident) wait_ready(u.tensors);
+  }
+  planned_ = true;
+}
+
+void StreamExecutor::before(int unit, bool backward) {
+  Unit& u = units_.at(unit);
+  if (!planned_) seen_.push_back(unit);
+  if (u.running) return;  // run again before its end (a module called twice)
+  u.running = true;
+  const auto c = compute();
+  if (std::find(compute_streams_.begin(), compute_streams_.end(), c) == compute_streams_.end()) {
+    compute_streams_.push_back(c);
+  }
+  if (in_place_ && !u.resident) return;  // read where it lives
+  if (u.staged) {
+    u.staged = false;  // its holds pass to this run
+  } else {
+    bring_entries(u.tensors, bring_stream_);
+  }
+  u.held = true;
+  wait_ready(u.tensors);
+  if (planned_) stage_next(unit, backward);
+}
+
+void StreamExecutor::after(int unit) {
+  Unit& u = units_.at(unit);
+  u.running = false;
+  if (!u.held) return;
+  u.held = false;
+  for (int id : u.tensors) release(id);
+}
+
+void StreamExecutor::stage_next(int unit, bool backward) {
+  if (in_place_ || order_.empty()) return;
+  const int n = static_cast<int>(order_.size());
+  const bool wrap = !backward && !training_;
+  int streamed = 0;
+  for (int k = 1; k < n && streamed < ahead_; ++k) {
+    int j = position_[unit] + (backward ? -k : k);
+    if (wrap) j = (j % n + n) % n;
+    if (j < 0 || j >= n) break;
+    Unit& v = units_[order_[j]];
+    if (v.resident) continue;
+    ++streamed;
+    if (v.staged || v.running) continue;
+    bring_entries(v.tensors, bring_stream_);
+    v.staged = true;
+    v.staged_backward = backward;
+  }
+}
+
+void StreamExecutor::adopt(int id) {
+  StreamedTensor& t = *entries_[id].tensor;
+  t.adopt();
+  carry_out(budget_.admit(device_.index(), key(id), t.nbytes(), true, share_, false));
+}
+
+void StreamExecutor::grads_ready(int unit, bool send_home) {
+  Unit& u = units_.at(unit);
+  std::vector<int> fresh;
+  for (std::size_t k = 0; k < u.trainable.size(); ++k) {
+    at::Tensor g = u.trainable[k].grad();
+    if (!g.defined() || entry_for(g) >= 0) continue;  // none, or accumulated where it is
+    TORCH_CHECK(g.is_cuda() && g.storage_offset() == 0 &&
+                    g.storage().nbytes() == static_cast<std::size_t>(g.nbytes()),
+                "torch_uvm: the gradient of '", u.name, "' shares its memory with other "
+                "tensors; torch_uvm streams gradients that own their memory");
+    int& gid = u.grads[k];
+    if (gid < 0) {
+      gid = add_entry(g, StreamedTensor::Memory::kSlot);
+      entries_[gid].grad = true;
+      carry_out(budget_.admit(device_.index(), key(gid), g.nbytes(), true, share_, false));
+    } else {
+      Entry& e = entries_[gid];
+      if (e.tensor->has_target()) by_target_.erase(e.tensor->target().unsafeGetTensorImpl());
+      if (e.tensor->in_slot()) {  // the last step's, still on the GPU: it died
+        budget_.discard(key(gid));
+        e.tensor->abandon(compute());
+      }
+      e.tensor->retarget(g);
+      by_target_[g.unsafeGetTensorImpl()] = gid;
+      adopt(gid);
+    }
+    fresh.push_back(gid);
+  }
+  if (send_home && !fresh.empty()) {
+    compute_done_.record(ref(compute()));
+    for (int id : fresh) {
+      budget_.evict(key(id));
+      leave(id, true);
+    }
+    homes_written_.record(ref(home_stream_));
+  }
+  after(unit);
+}
+
+void StreamExecutor::discard_grads(int unit) {
+  for (int gid : units_.at(unit).grads) {
+    if (gid < 0) continue;
+    Entry& e = entries_[gid];
+    if (!e.tensor->has_target()) continue;
+    by_target_.erase(e.tensor->target().unsafeGetTensorImpl());
+    budget_.discard(key(gid));
+    e.tensor->abandon(compute());
+  }
+}
+
+void StreamExecutor::bring(const std::vector<at::Tensor>& tensors) {
+  std::vector<int> ids;
+  for (const at::Tensor& t : tensors) {
+    const int id = entry_for(t);
+    if (id >= 0 && entries_[id].tensor->has_target()) ids.push_back(id);
+  }
+  bring_entries(ids, bring_stream_);
+  wait_ready(ids);
+  step_held_.insert(step_held_.end(), ids.begin(), ids.end());
+}
+
+void StreamExecutor::step_done(const std::vector<at::Tensor>& tensors,
+                               const std::vector<at::Tensor>& written) {
+  std::vector<int> ids;
+  for (const at::Tensor& t : tensors) {
+    int id = entry_for(t);
+    if (id < 0) {  // made by the step (an optimizer state): on the GPU now
+      if (!t.is_cuda() || t.storage_offset() != 0 || t.nbytes() < kSmallestStreamed ||
+          t.storage().nbytes() != static_cast<std::size_t>(t.nbytes())) {
+        continue;
+      }
+      id = add_entry(t, StreamedTensor::Memory::kSlot);
+      carry_out(budget_.admit(device_.index(), key(id), t.nbytes(), true, share_, false));
+    }
+    ids.push_back(id);
+  }
+  for (const at::Tensor& t : written) {
+    const int id = entry_for(t);
+    if (id >= 0) budget_.mark_written(key(id));
+  }
+  std::vector<int> held;
+  held.swap(step_held_);
+  for (int id : held) release(id);
+  compute_done_.record(ref(compute()));
+  bool wrote = false;
+  for (int id : ids) {
+    Entry& e = entries_[id];
+    if (e.pinned || e.holds > 0 || !e.tensor->in_slot()) continue;
+    const auto how = budget_.evict(key(id));
+    wrote |= leave(id, how == Eviction::kWriteHome);
+  }
+  if (wrote) homes_written_.record(ref(home_stream_));
+}
+
+void StreamExecutor::end_pass() {
+  for (Unit& u : units_) {
+    if (u.running) after(static_cast<int>(&u - units_.data()));
+    if (u.staged && u.staged_backward) {
+      u.staged = false;
+      for (int id : u.tensors) release(id);
+    }
+  }
+  homes_written_.block(ref(compute()));
+}
+
+void StreamExecutor::evict_unused() {
+  compute_done_.record(ref(compute()));
+  bool wrote = false;
+  for (int id = 0; id < static_cast<int>(entries_.size()); ++id) {
+    Entry& e = entries_[id];
+    if (e.pinned || e.holds > 0 || !e.tensor->in_slot()) continue;
+    const auto how = budget_.evict(key(id));
+    wrote |= leave(id, how == Eviction::kWriteHome);
+  }
+  if (wrote) homes_written_.record(ref(home_stream_));
+  homes_written_.block(ref(compute()));
+}
+
+void StreamExecutor::evict_all() {
+  for (Unit& u : units_) {
+    u.staged = u.running = u.held = false;
+    u.resident = false;
+  }
+  for (Entry& e : entries_) {
+    e.holds = 0;
+    e.pinned = false;
+    budget_.set_busy(reinterpret_cast<std::uintptr_t>(e.tensor.get()), false);
+  }
+  step_held_.clear();
+  planned_ = false;
+  evict_unused();
+}
+
+}  // namespace torch_uvm

@@ -1,0 +1,155 @@
+// How an offloaded module streams through its share of a GPU's residency
+// budget: the per-submodule work of a forward, a backward and an optimizer
+// step (bring, wait, evict, write home). It is C++ because it runs for every
+// submodule on every pass: torch_uvm/offload.py's hooks only call it. What
+// stays and what leaves is core/residency's; how one tensor arrives and
+// leaves is streamed_tensor's.
+//
+// Streams: submodules' tensors are brought on a stream of the executor's
+// ("bring"), and written home on another ("home"), so both directions of the
+// link and the compute stream overlap. The compute stream (the caller's
+// current stream) waits for a bring before the submodule's kernels; a
+// copy home waits for the kernels that wrote the slot; a slot goes back to
+// the allocator only once every stream that used it has passed.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/residency.h"
+#include "torch/streamed_tensor.h"
+
+namespace torch_uvm {
+
+class StreamExecutor {
+ public:
+  // `share`: the budget it streams in (core/residency.h). `in_place`:
+  // streamed submodules are read where they live (kernels read their homes
+  // over PCIe); only the resident ones come to the GPU.
+  StreamExecutor(ResidencyBudget& budget, ShareId share, c10::Device device, int ahead,
+                 bool in_place);
+  ~StreamExecutor();
+
+  // A submodule: `targets` are its parameters and buffers (CUDA tensors
+  // over managed memory, their homes), `trainable` the parameters whose
+  // gradients it streams. A tensor shared by two submodules (tied weights)
+  // is one streamed tensor. Returns the unit's index.
+  int add_unit(const std::string& name, const std::vector<at::Tensor>& targets,
+               const std::vector<at::Tensor>& trainable);
+
+  // After the first forward (which ran the units on demand, in the order
+  // noted by before()): decides the resident prefix of that order
+  // (plan_resident, with `window` bytes kept for streaming) and brings it.
+  // `training`: the forward is followed by a backward, not by the next
+  // forward, so it does not wrap round.
+  void plan(std::size_t window, bool training);
+  bool planned() const { return planned_; }
+  const std::vector<int>& order() const { return order_; }
+  bool resident(int unit) const { return units_.at(unit).resident; }
+
+  // Forward (or backward, in reverse order): the unit is about to run, its
+  // tensors are on the GPU for the compute stream, and the next `ahead`
+  // streamed units are brought meanwhile. Before plan(): brought on demand.
+  void before(int unit, bool backward);
+  // The unit's kernels are queued: it may leave when room is needed.
+  void after(int unit);
+
+  // The unit's gradients are complete (read from its trainable parameters'
+  // .grad): they are counted in the budget and, `send_home`, written home
+  // at once (the parameters' .grad then live in host memory). Releases the
+  // unit's weights, as after() does.
+  void grads_ready(int unit, bool send_home);
+  // The unit's gradients died (an optimizer step in backward set them to
+  // None): let go of them, counted as discarded.
+  void discard_grads(int unit);
+
+  // For an optimizer step: `tensors` (weights, gradients, states of the
+  // known ones) on the GPU for the compute stream, held until step_done.
+  void bring(const std::vector<at::Tensor>& tensors);
+  // The step is queued: `written` were written by it; tensors it made
+  // (new optimizer states, on the GPU) are adopted into the budget. All of
+  // `tensors` but a resident unit's go home now (written ones by a copy).
+  void step_done(const std::vector<at::Tensor>& tensors, const std::vector<at::Tensor>& written);
+
+  // End of a pass (forward or backward): holds it left are released, and the
+  // compute stream waits for copies home under way, so that the user's
+  // next kernels see every home up to date.
+  void end_pass();
+  // What is not in use nor resident leaves the GPU now (written data goes
+  // home).
+  void evict_unused();
+  // Everything leaves the GPU, resident units included (undo); after this,
+  // nothing is planned.
+  void evict_all();
+
+  // How many of the unit's bytes are in slots now (tests, stats).
+  std::size_t bytes_on_gpu(int unit) const;
+  int units() const { return static_cast<int>(units_.size()); }
+  const std::string& name(int unit) const { return units_.at(unit).name; }
+  std::size_t unit_bytes(int unit) const;
+
+ private:
+  struct Entry {
+    std::unique_ptr<StreamedTensor> tensor;
+    int holds = 0;        // passes and steps using it now: never evicted
+    bool pinned = false;  // a resident unit's
+    bool grad = false;    // a gradient's
+  };
+  struct Unit {
+    std::string name;
+    std::vector<int> tensors;
+    std::vector<at::Tensor> trainable;
+    std::vector<int> grads;  // per trainable parameter, -1 until it had one
+    bool resident = false;
+    bool staged = false;     // brought ahead, not yet run: holds its tensors
+    bool staged_backward = false;
+    bool running = false;    // between before() and after()
+    bool held = false;       // running, and holding its tensors
+  };
+
+  c10::cuda::CUDAStream compute() const;
+  std::uintptr_t key(int id) const {
+    return reinterpret_cast<std::uintptr_t>(entries_[id].tensor.get());
+  }
+  int entry_for(const at::Tensor& t) const;  // -1 if unknown
+  int add_entry(const at::Tensor& target, StreamedTensor::Memory memory);
+  void hold(int id);
+  void release(int id);
+  // Admits and brings `ids` on `stream` (one ready event), holding each.
+  void bring_entries(const std::vector<int>& ids, c10::cuda::CUDAStream stream);
+  void wait_ready(const std::vector<int>& ids);
+  void carry_out(const std::vector<EvictionStep>& steps);
+  // Leaves now: written home if the budget or its version says so (the
+  // caller recorded compute_done_). Returns whether it was written home.
+  bool leave(int id, bool written);
+  void stage_next(int unit, bool backward);
+  void adopt(int id);
+
+  ResidencyBudget& budget_;
+  ShareId share_;
+  c10::Device device_;
+  int ahead_;
+  bool in_place_;
+  bool training_ = false;
+  bool planned_ = false;
+  std::vector<Entry> entries_;
+  std::unordered_map<const c10::TensorImpl*, int> by_target_;
+  std::unordered_map<std::uintptr_t, int> by_key_;
+  std::vector<Unit> units_;
+  std::vector<int> seen_;       // the units as the first forward ran them
+  std::vector<int> order_;      // the forward order, once planned
+  std::vector<int> position_;   // unit -> its place in order_
+  std::vector<int> step_held_;  // held by bring() until step_done()
+  std::vector<c10::cuda::CUDAStream> compute_streams_;  // every compute stream seen
+  c10::cuda::CUDAStream bring_stream_;
+  c10::cuda::CUDAStream home_stream_;
+  RuntimeEvent compute_done_;   // the compute stream's work before a batch of evictions
+  RuntimeEvent homes_written_;  // the last copy home
+};
+
+}  // namespace torch_uvm

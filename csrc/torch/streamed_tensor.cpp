@@ -1,0 +1,209 @@
+#include "torch/streamed_tensor.h"
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <atomic>
+
+#include "torch/managed_allocator.h"
+#include "torch/managed_tensor.h"
+#include "torch/state.h"
+#include "torch_uvm/torch_uvm.h"
+
+namespace torch_uvm {
+namespace {
+
+std::atomic<int> g_to_gpu{static_cast<int>(CopyBy::kCopyEngine)};
+std::atomic<int> g_home{static_cast<int>(CopyBy::kKernel)};
+
+StreamRef ref(const c10::cuda::CUDAStream& s) {
+  return {s.device_index(), reinterpret_cast<std::uintptr_t>(s.stream())};
+}
+
+void release_storage(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
+
+// The widest integer both addresses and the size are aligned to: a kernel
+// copy as a bitwise op on it moves every bit pattern unchanged.
+at::ScalarType word(const void* a, const void* b, std::size_t bytes) {
+  const auto bits = reinterpret_cast<std::uintptr_t>(a) | reinterpret_cast<std::uintptr_t>(b) |
+                    static_cast<std::uintptr_t>(bytes);
+  if (bits % 8 == 0) return at::kLong;
+  if (bits % 4 == 0) return at::kInt;
+  if (bits % 2 == 0) return at::kShort;
+  return at::kByte;
+}
+
+at::Tensor words(void* p, std::size_t bytes, at::ScalarType t, c10::Device device) {
+  const auto count = static_cast<int64_t>(bytes / c10::elementSize(t));
+  return at::for_blob(p, {count})
+      .options(at::TensorOptions().dtype(t).device(device))
+      .target_device(device)
+      .make_tensor();
+}
+
+void record_stream(const c10::Storage& s, const c10::cuda::CUDAStream& stream) {
+  c10::cuda::CUDACachingAllocator::recordStream(s.data_ptr(), stream);
+}
+
+// The memory `target`'s storage has now, as a storage of its own (target's
+// storage is left empty: point_at it next).
+c10::Storage take_memory(const at::Tensor& target) {
+  c10::StorageImpl* impl = target.storage().unsafeGetStorageImpl();
+  const std::size_t bytes = impl->nbytes();
+  c10::DataPtr owned = impl->set_data_ptr(c10::DataPtr(nullptr, target.device()));
+  return c10::Storage(c10::Storage::use_byte_size_t(), bytes, std::move(owned),
+                      /*allocator=*/nullptr, /*resizable=*/false);
+}
+
+// Pages on the CPU, mapped for the GPU: read and written in place over
+// PCIe, never migrated. Set once per home (advice on populated pages costs
+// about 16 ms per GiB), never per trip.
+void advise_home(const c10::Storage& home, DeviceIndex gpu) {
+  if (!managed_hints_supported() || home.nbytes() == 0) return;
+  translate_errors([&] {
+    Runtime& rt = allocator().runtime();
+    rt.advise(home.data(), home.nbytes(), Advice::kUnsetReadMostly, gpu);
+    rt.advise(home.data(), home.nbytes(), Advice::kSetPreferredLocation, kCpuDevice);
+    rt.advise(home.data(), home.nbytes(), Advice::kSetAccessedBy, gpu);
+  });
+}
+
+}  // namespace
+
+CopyMechanisms copy_mechanisms() {
+  return {static_cast<CopyBy>(g_to_gpu.load()), static_cast<CopyBy>(g_home.load())};
+}
+
+void set_copy_mechanisms(CopyMechanisms m) {
+  g_to_gpu = static_cast<int>(m.to_gpu);
+  g_home = static_cast<int>(m.home);
+}
+
+void point_at(const at::Tensor& target, const c10::Storage& memory) {
+  c10::StorageImpl* impl = target.storage().unsafeGetStorageImpl();
+  TORCH_INTERNAL_ASSERT(memory.nbytes() >= impl->nbytes(), "torch_uvm: a streamed tensor's ",
+                        "memory is smaller than its storage");
+  auto* keep = new c10::Storage(memory);
+  impl->set_data_ptr_noswap(
+      c10::DataPtr(memory.unsafeGetStorageImpl()->mutable_data(), keep, &release_storage,
+                   target.device()));
+}
+
+void copy_bytes(void* dst, const void* src, std::size_t bytes, c10::Device device,
+                c10::cuda::CUDAStream stream, CopyBy by) {
+  if (bytes == 0) return;
+  if (by == CopyBy::kCopyEngine) {
+    translate_errors([&] {
+      allocator().runtime().copy(dst, src, bytes, ref(stream), /*synchronous=*/false,
+                                 CopyKind::kDeviceToDevice);
+    });
+    return;
+  }
+  const at::ScalarType t = word(dst, src, bytes);
+  c10::cuda::CUDAStreamGuard guard(stream);
+  at::Tensor out = words(dst, bytes, t, device);
+  at::bitwise_or_out(out, words(const_cast<void*>(src), bytes, t, device), 0);
+}
+
+StreamedTensor::StreamedTensor(at::Tensor target, Memory memory)
+    : target_(std::move(target)),
+      nbytes_(target_.storage().nbytes()),
+      home_written_(allocator().runtime()) {
+  TORCH_CHECK(target_.is_cuda() && target_.storage_offset() == 0,
+              "torch_uvm: a streamed tensor must be a CUDA tensor at the start of its storage");
+  if (memory == Memory::kSlot) {
+    adopt();
+    return;
+  }
+  auto where = managed_allocation(target_);
+  TORCH_CHECK(where.has_value() && where->home == kCpuDevice,
+              "torch_uvm: a streamed tensor's home must be managed memory homed on the CPU");
+  home_ = take_memory(target_);
+  point_at(target_, home_);
+  advise_home(home_, target_.device().index());
+  version_ = version();
+}
+
+std::int64_t StreamedTensor::version() const {
+  if (!target_.defined()) return 0;
+  const auto& counter = target_.unsafeGetTensorImpl()->version_counter();
+  return counter.enabled() ? static_cast<std::int64_t>(counter.current_version()) : 0;
+}
+
+bool StreamedTensor::changed() const { return version() != version_; }
+
+void StreamedTensor::make_home() {
+  at::DataPtr memory = ManagedAllocator::for_device(c10::Device(c10::kCPU))->allocate(nbytes_);
+  home_ = c10::Storage(c10::Storage::use_byte_size_t(), nbytes_, std::move(memory),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  own_home_ = true;
+  advise_home(home_, target_.device().index());
+}
+
+void StreamedTensor::bring(c10::cuda::CUDAStream stream) {
+  if (in_slot()) return;
+  TORCH_INTERNAL_ASSERT(has_home(), "torch_uvm: a streamed tensor has no home to come from");
+  home_written_.block(ref(stream));
+  {
+    c10::cuda::CUDAStreamGuard guard(stream);  // the slot belongs to `stream`'s pool
+    slot_ = at::empty({static_cast<int64_t>(nbytes_)},
+                      at::TensorOptions().dtype(at::kByte).device(target_.device()))
+                .storage();
+  }
+  copy_bytes(slot_.mutable_data(), home_.data(), nbytes_, target_.device(), stream,
+             copy_mechanisms().to_gpu);
+  point_at(target_, slot_);
+  version_ = version();
+}
+
+void StreamedTensor::adopt() {
+  if (in_slot()) return;
+  slot_ = take_memory(target_);
+  point_at(target_, slot_);
+  version_ = version();
+}
+
+void StreamedTensor::leave(bool written, const RuntimeEvent& done,
+                           c10::cuda::CUDAStream compute, c10::cuda::CUDAStream home_stream) {
+  if (!in_slot()) return;
+  // A home another tensor still reads (an earlier step's gradient the user
+  // kept) is not overwritten: this one gets its own.
+  if (!has_home() || (own_home_ && home_.use_count() > 1)) {
+    make_home();
+    written = true;
+  }
+  if (written) {
+    done.block(ref(home_stream));
+    copy_bytes(home_.mutable_data(), slot_.data(), nbytes_, target_.device(), home_stream,
+               copy_mechanisms().home);
+    home_written_.record(ref(home_stream));
+    record_stream(slot_, home_stream);
+  }
+  record_stream(slot_, compute);
+  point_at(target_, home_);
+  slot_ = c10::Storage();
+}
+
+void StreamedTensor::retarget(at::Tensor target) {
+  TORCH_CHECK(target.is_cuda() && target.storage_offset() == 0 &&
+                  target.storage().nbytes() == nbytes_,
+              "torch_uvm: a streamed tensor's new target must be a CUDA tensor of ", nbytes_,
+              " bytes at the start of its storage");
+  TORCH_INTERNAL_ASSERT(!in_slot(), "torch_uvm: retarget while on the GPU");
+  target_ = std::move(target);
+  version_ = version();
+}
+
+void StreamedTensor::let_go(const std::vector<c10::cuda::CUDAStream>& streams) {
+  if (!in_slot()) return;
+  for (const auto& s : streams) record_stream(slot_, s);
+  slot_ = c10::Storage();
+}
+
+void StreamedTensor::abandon(c10::cuda::CUDAStream compute) {
+  if (in_slot()) record_stream(slot_, compute);
+  slot_ = c10::Storage();
+  target_ = at::Tensor();
+}
+
+}  // namespace torch_uvm

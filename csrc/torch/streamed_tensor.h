@@ -1,0 +1,108 @@
+// Where a streamed tensor arrives on a GPU and leaves it.
+//
+// A streamed tensor (an offloaded weight, its gradient, an optimizer state)
+// lives in its home: managed memory whose pages stay on the CPU (preferred
+// location CPU, mapped for the GPU), which kernels can also read in place
+// over PCIe. While its submodule runs it lives in a slot: GPU memory from
+// PyTorch's CUDA allocator (torch_uvm's, with UVM on), filled from the home
+// by a copy. A written slot goes home by a copy into the home's pages. Both
+// copies run at the link's speed (49-51 GB/s on an H100), where the driver's
+// migration of written pages to the CPU runs at 9-18 (benchmarks/results/
+// *-s9-mechanisms.md).
+//
+// The tensor the user's code holds never changes identity: its storage is
+// pointed at the slot or at the home (point_at), so views of it, autograd's
+// saved tensors and optimizers see the value wherever it is.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "torch/runtime_event.h"
+
+namespace torch_uvm {
+
+// How bytes cross the link: the copy engine (cudaMemcpyAsync), or a kernel
+// that reads or writes the home's pages in place. Managed pages copied both
+// ways at once by copy engines take turns; a kernel's PCIe traffic overlaps
+// the other direction (benchmarks/results/*-s9-mechanisms.md, slot_both).
+enum class CopyBy { kCopyEngine = 0, kKernel = 1 };
+
+struct CopyMechanisms {
+  CopyBy to_gpu = CopyBy::kCopyEngine;
+  CopyBy home = CopyBy::kKernel;
+};
+// Process-wide; set_copy_mechanisms is for benchmarks comparing them.
+CopyMechanisms copy_mechanisms();
+void set_copy_mechanisms(CopyMechanisms m);
+
+// Points `target`'s storage at `memory` (at least as many bytes), which it
+// then keeps alive. Every tensor sharing target's storage sees the change.
+void point_at(const at::Tensor& target, const c10::Storage& memory);
+
+// Copies `bytes` from `src` to `dst` on `stream` by `by`; either side may be
+// GPU memory or a home's pages.
+void copy_bytes(void* dst, const void* src, std::size_t bytes, c10::Device device,
+                c10::cuda::CUDAStream stream, CopyBy by);
+
+class StreamedTensor {
+ public:
+  // `target`: a CUDA tensor at offset 0 of its own storage, whose memory is
+  // either its home (managed, homed on the CPU: an offloaded weight) or
+  // GPU memory it already has (a new gradient, a new optimizer state),
+  // which becomes its slot; a home is made when it first goes home.
+  enum class Memory { kHome, kSlot };
+  StreamedTensor(at::Tensor target, Memory memory);
+
+  const at::Tensor& target() const { return target_; }
+  std::size_t nbytes() const { return nbytes_; }
+  bool in_slot() const { return static_cast<bool>(slot_); }
+  bool has_home() const { return static_cast<bool>(home_); }
+  const c10::Storage& home() const { return home_; }
+
+  // Fills a slot from the home on `stream` (after a copy home still under
+  // way) and points the target at it. The caller records when it is ready.
+  void bring(c10::cuda::CUDAStream stream);
+  // The GPU memory the target has now becomes its slot (a new target).
+  void adopt();
+  // Leaves the GPU: written, the slot is copied home on `home_stream` after
+  // the work `done` marks; the target points at the home, and the slot goes
+  // back to the allocator once the streams that used it have passed.
+  void leave(bool written, const RuntimeEvent& done, c10::cuda::CUDAStream compute,
+             c10::cuda::CUDAStream home_stream);
+  // A new target of the same size (the next step's gradient) takes this
+  // one's home; the old target keeps its value where it is.
+  void retarget(at::Tensor target);
+  // The target died (a gradient set to None): the slot goes back to the
+  // allocator once `compute` has passed, nothing is written home, and
+  // this holds no target until retarget.
+  void abandon(c10::cuda::CUDAStream compute);
+  bool has_target() const { return target_.defined(); }
+  // Whoever still uses the slot (the target, if it lives on) keeps it; it
+  // goes back to the allocator only once `streams` have passed.
+  void let_go(const std::vector<c10::cuda::CUDAStream>& streams);
+  // Whether the target was written since it was brought (its version
+  // counter moved: an in-place op, load_state_dict, an optimizer step).
+  bool changed() const;
+  // The event that says the slot is filled (shared by a bring's tensors).
+  std::shared_ptr<RuntimeEvent> ready;
+
+ private:
+  void make_home();
+  std::int64_t version() const;
+
+  at::Tensor target_;
+  std::size_t nbytes_;
+  c10::Storage home_;
+  c10::Storage slot_;           // defined while on the GPU
+  RuntimeEvent home_written_;   // the last copy home
+  bool own_home_ = false;       // made here (a gradient's, a state's), not given
+  std::int64_t version_ = 0;    // the target's version when brought
+};
+
+}  // namespace torch_uvm
