@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs, in one place: build, GPU tests, benchmarks.
-#   bash scripts/gpu_session.sh [build] [test] [bench] [demo] [stress] [sanitize] [soak] [smoke]
+#   bash scripts/gpu_session.sh [build] [test] [bench] [offload] [demo] [stress] [sanitize] [soak] [smoke]
 #   (default: build test bench)
 # Logs go to $OUT (the device tool's folder) or results/ under the repo, and a
 # short summary is printed last. Never asks for more managed memory than a few
@@ -28,6 +28,13 @@ run() {  # name, command...   (build logs reach $OUT only when they fail:
   tail -n 25 "$LOGS/$name.log"
   if [ $rc -ne 0 ] || [[ $name != *_build ]]; then cp "$LOGS/$name.log" "$OUT/"; fi
   return $rc
+}
+
+install_wheels() {  # anchors carried as wheels (RMM, torchao, bitsandbytes): see README
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+  fi
 }
 
 for stage in $stages; do
@@ -78,13 +85,32 @@ for stage in $stages; do
       done
       ;;
     bench)
-      if ls .whl/*.whl >/dev/null 2>&1; then  # RMM and its needs, carried as wheels
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-          --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-      fi
+      install_wheels
       run bench env BENCH_BUILD=/tmp BENCH_CPP="$PWD/build-bench" \
           python3 benchmarks/run.py --out "$LOGS/bench" ${BENCH_ONLY:+--only $BENCH_ONLY}
       cp "$LOGS"/bench/results.json "$LOGS"/bench/*.png "$OUT/" 2>/dev/null
+      ;;
+    offload)  # issue 20: larger than the GPU, side by side with the anchors. More
+              # files than the device tool returns: packed into one archive.
+      install_wheels
+      rounds=${BENCH_ROUNDS:-2}
+      dir="$LOGS/offload"
+      mkdir -p "$dir"
+      gpt2=${GPT2_VARIANTS:-resident,torch_uvm_in_backward,fsdp2_cpu_offload}
+      for b in "train_mlp offload_train --only mlp" \
+               "larger larger_than_gpu --only model,model512 --variants ${LARGER_VARIANTS:-resident,torch_uvm_offload,pinned_stream,pinned_stream_same_share,accelerate_dispatch}" \
+               "generate offload_generate" \
+               "train_gpt2 offload_train --only gpt2 --variants $gpt2"; do
+        set -- $b
+        name=$1 script=$2
+        shift 2
+        t0=$SECONDS
+        timeout ${OFFLOAD_LIMIT:-300} python3 benchmarks/$script.py "$@" --rounds "$rounds" \
+            --out "$dir/$name" > "$dir/$name.log" 2>&1
+        summary+=("offload $name: rc=$? ($((SECONDS - t0)) s)")
+        grep -v "^    {" "$dir/$name.log" | tail -n 30
+        tar czf "$OUT/offload_results.tgz" -C "$LOGS" offload   # after each: a cut run keeps it
+      done
       ;;
     demo)
       run demo python3 examples/demo.py

@@ -154,8 +154,8 @@ def main():
     print("\n| mutant | outcome |\n|---|---|")
     for name, outcome, _ in rows:
         print(f"| {name} | {outcome} |")
-    print(f"\n{len(rows) - survived} of {len(rows)} killed; extension rebuilt from the "
-          f"original source: rc={restored.returncode}")
+    print(f"\n{len(rows) - survived} of {len(rows)} killed; rebuilt from the original "
+          f"source: rc={restored.returncode}")
     return 1 if survived or restored.returncode else 0
 
 
