@@ -333,13 +333,7 @@ def model_table(runs, scenario):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--variant")
-    ap.add_argument("--scenario")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--only", default="model,model512,stream")
-    ap.add_argument("--variants", default=None,
-                    help="run only these variants (comma-separated), e.g. for a quick check")
+    ap = method.driver_args(argparse.ArgumentParser(), rounds=3, only="model,model512,stream")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = ap.parse_args()
     if args.variant:
@@ -348,11 +342,7 @@ def main():
         print("RESULT " + json.dumps(r), flush=True)
         return
     import torch
-    scenarios = [s for s in args.only.split(",") if s in PLAN]
-    if args.variants:
-        keep = args.variants.split(",")
-        for s in scenarios:
-            PLAN[s] = [v for v in PLAN[s] if v in keep]
+    scenarios = method.chosen(PLAN, args.only, args.variants)
     runs = method.scenario_runs(os.path.abspath(__file__), PLAN, scenarios, args.rounds)
     result = {"runs": runs}
     for scenario in ("model", "model512"):

@@ -485,33 +485,26 @@ def main():
         for st in streams:
             cur.wait_stream(st)
 
-    def slot_h2d_variants(nbytes):
+    def slot_variants(nbytes, to_gpu):
+        # to_gpu: a home copied into GPU memory; else GPU memory written home
         n = nbytes // 4
-        slot = torch.empty(n, device=dev)
-        pinned = torch.ones(n).pin_memory()
+        slot = torch.empty(n, device=dev) if to_gpu else torch.ones(n, device=dev)
+        pinned = torch.ones(n).pin_memory() if to_gpu else torch.empty(n).pin_memory()
         mapped, unmapped = home(nbytes), home(nbytes, accessed_by=False)
-        return {
-            "pinned_copy": (lambda: slot.copy_(pinned, non_blocking=True), None),
-            "copy_from_home_accessed_by": (stock(lambda: slot.copy_(mapped)), None),
-            "copy_from_home_pref_cpu_only": (stock(lambda: slot.copy_(unmapped)), None),
-            "copy_from_home_8_pieces_2_streams": (
-                stock(lambda: pieces(slot, mapped, 8, side_streams[:2])), None),
-            "read_home_in_place_elementwise": (
-                lambda: torch.add(mapped, 0, out=slot), None),
-        }
 
-    def slot_d2h_variants(nbytes):
-        n = nbytes // 4
-        slot = torch.ones(n, device=dev)
-        pinned = torch.empty(n).pin_memory()
-        mapped, unmapped = home(nbytes), home(nbytes, accessed_by=False)
+        def copy(home_side):
+            dst, src = (slot, home_side) if to_gpu else (home_side, slot)
+            return stock(lambda: dst.copy_(src))
+        names = ("copy_from_home", "read_home") if to_gpu else ("write_home", "write_home")
+        dst, src = (slot, mapped) if to_gpu else (mapped, slot)
         return {
-            "pinned_copy": (lambda: pinned.copy_(slot, non_blocking=True), None),
-            "write_home_accessed_by": (stock(lambda: mapped.copy_(slot)), None),
-            "write_home_pref_cpu_only": (stock(lambda: unmapped.copy_(slot)), None),
-            "write_home_8_pieces_2_streams": (
-                stock(lambda: pieces(mapped, slot, 8, side_streams[:2])), None),
-            "write_home_in_place_elementwise": (lambda: torch.add(slot, 0, out=mapped), None),
+            "pinned_copy": ((lambda: slot.copy_(pinned, non_blocking=True)) if to_gpu else
+                            (lambda: pinned.copy_(slot, non_blocking=True)), None),
+            f"{names[0]}_accessed_by": (copy(mapped), None),
+            f"{names[0]}_pref_cpu_only": (copy(unmapped), None),
+            f"{names[0]}_8_pieces_2_streams": (
+                stock(lambda: pieces(dst, src, 8, side_streams[:2])), None),
+            f"{names[1]}_in_place_elementwise": (lambda: torch.add(src, 0, out=dst), None),
         }
 
     def slot_both_variants(nbytes):
@@ -597,8 +590,8 @@ def main():
     for nbytes in (1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 1 * GiB):
         plan.append((f"copy_d2h {nbytes // MiB} MiB", nbytes, copy_d2h_variants, (nbytes,)))
     for nbytes in (128 * MiB, 1 * GiB):
-        plan.append((f"slot_h2d {nbytes // MiB} MiB", nbytes, slot_h2d_variants, (nbytes,)))
-        plan.append((f"slot_d2h {nbytes // MiB} MiB", nbytes, slot_d2h_variants, (nbytes,)))
+        plan.append((f"slot_h2d {nbytes // MiB} MiB", nbytes, slot_variants, (nbytes, True)))
+        plan.append((f"slot_d2h {nbytes // MiB} MiB", nbytes, slot_variants, (nbytes, False)))
     plan.append(("slot_both 1024 MiB each way", 2 * GiB, slot_both_variants, (1 * GiB,)))
     plan.append(("adamw 256 MiB of weights", 256 * MiB, adamw_variants, (256 * MiB,)))
     if args.only:

@@ -122,3 +122,24 @@ def scenario_runs(script: str, plan: Dict[str, List[str]], scenarios: List[str],
     flat = interleaved(names, rounds, lambda name: spawn(
         script, timeout=timeout, scenario=name.split("/")[0], variant=name.split("/")[1]))
     return {s: {v: flat[f"{s}/{v}"] for v in plan[s]} for s in scenarios}
+
+
+def driver_args(ap, rounds: int, only: str):
+    """The options every benchmark driver takes; returns the parsed args."""
+    ap.add_argument("--variant")
+    ap.add_argument("--scenario")
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--only", default=only)
+    ap.add_argument("--variants", default=None,
+                    help="run only these variants (comma-separated), e.g. for a quick check")
+    return ap
+
+
+def chosen(plan: Dict[str, List[str]], only: str, variants: Optional[str]) -> List[str]:
+    """The scenarios named by --only; with --variants, `plan` keeps only those."""
+    scenarios = [s for s in only.split(",") if s in plan]
+    if variants:
+        keep = variants.split(",")
+        for s in scenarios:
+            plan[s] = [v for v in plan[s] if v in keep]
+    return scenarios

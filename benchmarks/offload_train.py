@@ -207,23 +207,13 @@ def report(scenario, runs):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--variant")
-    ap.add_argument("--scenario")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--only", default="mlp,gpt2")
-    ap.add_argument("--variants", default=None,
-                    help="run only these variants (comma-separated), e.g. for a quick check")
+    ap = method.driver_args(argparse.ArgumentParser(), rounds=2, only="mlp,gpt2")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = ap.parse_args()
     if args.variant:
         print("RESULT " + json.dumps(run(args.scenario, args.variant)), flush=True)
         return
-    scenarios = [s for s in args.only.split(",") if s in PLAN]
-    if args.variants:
-        keep = args.variants.split(",")
-        for s in scenarios:
-            PLAN[s] = [v for v in PLAN[s] if v in keep]
+    scenarios = method.chosen(PLAN, args.only, args.variants)
     runs = method.scenario_runs(os.path.abspath(__file__), PLAN, scenarios, args.rounds,
                                 timeout=480)
     compared, tables = {}, {}
