@@ -300,7 +300,7 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     if not plan:
         raise ValueError("torch_uvm: the module has no parameters or buffers to offload")
     largest = max(plan, key=lambda p: p[3])
-    window = (ahead + 1) * largest[3]
+    window = window_bytes("prefetch", False, ahead, largest[3])
     if budget < window and mode != "in_place":
         raise ValueError(f"torch_uvm: a budget of {budget} bytes cannot stream submodule "
                          f"'{largest[0]}' ({largest[3]} bytes): it needs at least {window} "

@@ -43,10 +43,10 @@ class _Lease:
     (and, through its executor, the slots in it). undo() ends it; so does
     the finalizer of an offload dropped without undo (its executor, dying
     with it, gives the slots back once the streams that used them pass)."""
-    __slots__ = ("device", "budget", "name", "share", "executor", "__weakref__")
+    __slots__ = ("device", "share", "executor", "__weakref__")
 
-    def __init__(self, device: torch.device, budget: int, name: str, share: int):
-        self.device, self.budget, self.name, self.share = device, budget, name, share
+    def __init__(self, device: torch.device, share: int):
+        self.device, self.share = device, share
         self.executor = None
 
 
@@ -61,7 +61,7 @@ def _open_lease(device: torch.device, budget: int, name: str) -> _Lease:
     except ValueError:
         gc.collect()
         share = attempt()
-    lease = _Lease(device, budget, name, share)
+    lease = _Lease(device, share)
     _LEASES.add(lease)
     return lease
 

@@ -173,10 +173,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("end_pass", &StreamExecutor::end_pass)
       .def("evict_unused", &StreamExecutor::evict_unused)
       .def("evict_all", &StreamExecutor::evict_all)
-      .def("bytes_on_gpu", &StreamExecutor::bytes_on_gpu)
-      .def("unit_bytes", &StreamExecutor::unit_bytes)
-      .def("units", &StreamExecutor::units)
-      .def("name", &StreamExecutor::name);
+      .def("bytes_on_gpu", &StreamExecutor::bytes_on_gpu);
   // How streamed bytes cross the link (streamed_tensor.h): "copy_engine" or
   // "kernel", to the GPU and home. For benchmarks comparing them.
   m.def("set_copy_mechanisms", [](const std::string& to_gpu, const std::string& home) {

@@ -65,8 +65,8 @@ bool overlap(const at::Tensor& a, const at::Tensor& b) {
 // available. A moved CPU tensor (a model built on the CPU, then .cuda()) is
 // a destination like any other. Where the target GPU streams under a
 // residency budget (a limit, or an offload's share), a destination homed on
-// the CPU (an offloaded weight's home, a streamed batch) is left to PyTorch: prefetching the source would bring it to the GPU outside
-// the budget.
+// the CPU (an offloaded weight's home, a streamed batch) is left to PyTorch:
+// prefetching the source would bring it to the GPU outside the budget.
 bool prefetches(const at::Tensor& self, const at::Tensor& src) {
   if (!g_fast_copy || !self.is_cuda() || !src.is_cpu()) return false;
   if (!large(src) || !plain(self) || !plain(src)) return false;

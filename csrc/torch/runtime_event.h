@@ -10,10 +10,6 @@ namespace torch_uvm {
 class RuntimeEvent {
  public:
   explicit RuntimeEvent(Runtime& rt) : rt_(&rt) {}
-  RuntimeEvent(RuntimeEvent&& o) noexcept : rt_(o.rt_), event_(o.event_), recorded_(o.recorded_) {
-    o.event_ = nullptr;
-    o.recorded_ = false;
-  }
   RuntimeEvent(const RuntimeEvent&) = delete;
   RuntimeEvent& operator=(const RuntimeEvent&) = delete;
   ~RuntimeEvent() {
@@ -34,13 +30,6 @@ class RuntimeEvent {
   void block(StreamRef stream) const {
     if (recorded_) rt_->stream_wait_event(stream, event_);
   }
-  void synchronize() const {
-    if (recorded_) rt_->synchronize_event(event_);
-  }
-  bool done() const { return !recorded_ || rt_->query_event(event_); }
-  bool recorded() const { return recorded_; }
-  // Forgets what it waited for: nothing to wait for until recorded again.
-  void reset() { recorded_ = false; }
 
  private:
   Runtime* rt_;

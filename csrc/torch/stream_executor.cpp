@@ -269,7 +269,6 @@ void StreamExecutor::grads_ready(int unit, bool send_home) {
     int& gid = u.grads[k];
     if (gid < 0) {
       gid = add_entry(g, StreamedTensor::Memory::kSlot);
-      entries_[gid].grad = true;
       carry_out(budget_.admit(device_.index(), key(gid), g.nbytes(), true, share_, false));
     } else {
       Entry& e = entries_[gid];
@@ -284,14 +283,7 @@ void StreamExecutor::grads_ready(int unit, bool send_home) {
     }
     fresh.push_back(gid);
   }
-  if (send_home && !fresh.empty()) {
-    compute_done_.record(ref(compute()));
-    for (int id : fresh) {
-      budget_.evict(key(id));
-      leave(id, true);
-    }
-    homes_written_.record(ref(home_stream_));
-  }
+  if (send_home && !fresh.empty()) evict_now(fresh);  // adopted written: they go home
   after(unit);
 }
 
@@ -339,15 +331,7 @@ void StreamExecutor::step_done(const std::vector<at::Tensor>& tensors,
   std::vector<int> held;
   held.swap(step_held_);
   for (int id : held) release(id);
-  compute_done_.record(ref(compute()));
-  bool wrote = false;
-  for (int id : ids) {
-    Entry& e = entries_[id];
-    if (e.pinned || e.holds > 0 || !e.tensor->in_slot()) continue;
-    const auto how = budget_.evict(key(id));
-    wrote |= leave(id, how == Eviction::kWriteHome);
-  }
-  if (wrote) homes_written_.record(ref(home_stream_));
+  evict_now(ids);
 }
 
 void StreamExecutor::end_pass() {
@@ -361,16 +345,22 @@ void StreamExecutor::end_pass() {
   homes_written_.block(ref(compute()));
 }
 
-void StreamExecutor::evict_unused() {
+void StreamExecutor::evict_now(const std::vector<int>& ids) {
   compute_done_.record(ref(compute()));
   bool wrote = false;
-  for (int id = 0; id < static_cast<int>(entries_.size()); ++id) {
+  for (int id : ids) {
     Entry& e = entries_[id];
     if (e.pinned || e.holds > 0 || !e.tensor->in_slot()) continue;
     const auto how = budget_.evict(key(id));
     wrote |= leave(id, how == Eviction::kWriteHome);
   }
   if (wrote) homes_written_.record(ref(home_stream_));
+}
+
+void StreamExecutor::evict_unused() {
+  std::vector<int> all(entries_.size());
+  for (std::size_t id = 0; id < all.size(); ++id) all[id] = static_cast<int>(id);
+  evict_now(all);
   homes_written_.block(ref(compute()));
 }
 

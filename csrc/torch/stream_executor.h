@@ -90,7 +90,6 @@ class StreamExecutor {
   // How many of the unit's bytes are in slots now (tests, stats).
   std::size_t bytes_on_gpu(int unit) const;
   int units() const { return static_cast<int>(units_.size()); }
-  const std::string& name(int unit) const { return units_.at(unit).name; }
   std::size_t unit_bytes(int unit) const;
 
  private:
@@ -98,7 +97,6 @@ class StreamExecutor {
     std::unique_ptr<StreamedTensor> tensor;
     int holds = 0;        // passes and steps using it now: never evicted
     bool pinned = false;  // a resident unit's
-    bool grad = false;    // a gradient's
   };
   struct Unit {
     std::string name;
@@ -124,6 +122,9 @@ class StreamExecutor {
   void bring_entries(const std::vector<int>& ids, c10::cuda::CUDAStream stream);
   void wait_ready(const std::vector<int>& ids);
   void carry_out(const std::vector<EvictionStep>& steps);
+  // `ids` leave now, counted as evictions by how they leave (written ones go
+  // home by a copy); held, pinned or absent ones stay.
+  void evict_now(const std::vector<int>& ids);
   // Leaves now: written home if the budget or its version says so (the
   // caller recorded compute_done_). Returns whether it was written home.
   bool leave(int id, bool written);
