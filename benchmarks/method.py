@@ -143,3 +143,27 @@ def chosen(plan: Dict[str, List[str]], only: str, variants: Optional[str]) -> Li
         for s in scenarios:
             plan[s] = [v for v in plan[s] if v in keep]
     return scenarios
+
+
+def pinned_rate(nbytes: int = 1 << 30) -> dict:
+    """The link's rate now: pinned copies of `nbytes` each way, best of 5 after
+    one warm-up (GB/s). Run as a variant of its own in every round, so a
+    physical limit and the runs it bounds share the machine's state."""
+    import torch
+    host = torch.ones(nbytes // 2, dtype=torch.float16).pin_memory()
+    dev = torch.empty_like(host, device="cuda")
+    best = {"h2d_gbps": 0.0, "d2h_gbps": 0.0}
+    for key, dst, src in (("h2d_gbps", dev, host), ("d2h_gbps", host, dev)):
+        for _ in range(6):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            best[key] = max(best[key], nbytes / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def median_of(runs: List[Optional[dict]], key: str, default: float) -> float:
+    """The median of `key` over a variant's runs, or `default` if none ran."""
+    s = summarize([r[key] for r in runs if r])
+    return default if s is None else s["median"]

@@ -42,25 +42,10 @@ def gpt2():
     return GPT2LMHeadModel(config).half().eval()
 
 
-def pinned_rate():
-    """Pinned host-to-GPU copies of 1 GiB, best of 5: the link's rate now."""
-    import torch
-    host = torch.ones(GiB // 2, dtype=torch.float16).pin_memory()
-    dev = torch.empty_like(host, device="cuda")
-    best = float("inf")
-    for _ in range(6):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        dev.copy_(host, non_blocking=True)
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return {"h2d_gbps": GiB / best / 1e9}
-
-
 def run_generate(variant):
     import torch
     if variant == "pinned_rate":
-        return pinned_rate()
+        return method.pinned_rate()
     if variant.startswith("torch_uvm"):
         import torch_uvm
         torch_uvm.set_enabled_uvm(True)

@@ -19,8 +19,8 @@ bitsandbytes' PagedAdamW, which keep the weights on the GPU (only the
 optimizer's states, and for torchao the gradients, live in host memory).
 Losses are compared with all-resident's, bit for bit.
 
-The link's limit: bytes a step must move each way, at the pinned rate of 55
-GB/s each way at once, for torch_uvm's placement (the resident prefix its
+The link's limit: bytes a step must move each way, at the pinned rates
+measured by the pinned_rate variant in the same run, both ways at once, for torch_uvm's placement (the resident prefix its
 plan chose): streamed weights cross twice to the GPU (forward, backward) and
 once home (written by the step), every AdamW moment crosses both ways once,
 and gradients never cross (step_in_backward). Printed beside each result.
@@ -36,15 +36,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                  
 import method  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
-LINK = 55e9   # pinned copies, each way (FINDINGS.md)
+LINK = 55e9   # pinned copies, each way (FINDINGS.md): used only if pinned_rate did not run
 SCENARIOS = {
     "mlp": {"budget": 1 * GiB, "steps": 5, "lr": 1e-4},
     "gpt2": {"budget": 4 * GiB, "steps": 4, "lr": 1e-4},
 }
 PLAN = {
-    "mlp": ["resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload",
+    "mlp": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload",
             "torchao_cpu_offload", "bnb_paged_adamw"],
-    "gpt2": ["resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload"],
+    "gpt2": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload"],
 }
 MLP_LAYERS, MLP_WIDTH, MLP_BATCH = 32, 4096, 256
 GPT_BATCH, GPT_SEQ = 4, 512
@@ -90,6 +90,8 @@ def fsdp2(model):
 
 def run(scenario, variant):
     import torch
+    if variant == "pinned_rate":
+        return method.pinned_rate()
     conf = SCENARIOS[scenario]
     uvm = variant.startswith("torch_uvm")
     if uvm:
@@ -154,25 +156,32 @@ def run(scenario, variant):
             **extra}
 
 
-def link_limit(weights: int, resident: int) -> dict:
+def link_limit(weights: int, resident: int, h2d: float, d2h: float) -> dict:
     """The step's bytes each way for torch_uvm's placement with the step in
-    backward, and the seconds they take at the pinned rate, both ways at once."""
+    backward, and the seconds they take at the pinned rates (bytes/s), both
+    ways at once."""
     streamed = weights - resident
     moments = 2 * weights                        # AdamW: two fp32 moments per weight
     to_gpu = 2 * streamed + moments
     home = streamed + moments
-    return {"to_gpu_bytes": to_gpu, "home_bytes": home, "seconds": max(to_gpu, home) / LINK}
+    return {"to_gpu_bytes": to_gpu, "home_bytes": home, "h2d_gbps": h2d / 1e9,
+            "d2h_gbps": d2h / 1e9, "seconds": max(to_gpu / h2d, home / d2h)}
 
 
 def report(scenario, runs):
     ref = next((r["losses"] for r in runs["resident"] if r), None)
     uvm_run = next((r for r in runs.get("torch_uvm_in_backward", []) if r), None)
-    limit = link_limit(uvm_run["weights_bytes"], uvm_run["resident_weight_bytes"]) \
+    rates = runs.get("pinned_rate", [])
+    h2d = method.median_of(rates, "h2d_gbps", LINK / 1e9) * 1e9
+    d2h = method.median_of(rates, "d2h_gbps", LINK / 1e9) * 1e9
+    limit = link_limit(uvm_run["weights_bytes"], uvm_run["resident_weight_bytes"], h2d, d2h) \
         if uvm_run else None
     conf = SCENARIOS[scenario]
     print(f"\n({'t' if scenario == 'mlp' else 't2'}) {scenario}, budget "
           f"{conf['budget'] / GiB:.0f} GiB, AdamW; link limit of a step (torch_uvm's "
-          f"placement, step in backward, {LINK / 1e9:.0f} GB/s each way): "
+          f"placement, step in backward, pinned {h2d / 1e9:.1f} GB/s to the GPU and "
+          f"{d2h / 1e9:.1f} home, "
+          f"{'measured in this run' if any(rates) else 'assumed: pinned_rate did not run'}): "
           + (f"{limit['to_gpu_bytes'] / GiB:.2f} GiB to the GPU, {limit['home_bytes'] / GiB:.2f} "
              f"GiB home = {limit['seconds']:.3f} s" if limit else "unknown"))
     unit = "tokens/s" if scenario == "gpt2" else "s / step"
@@ -181,6 +190,8 @@ def report(scenario, runs):
     print("|---|---|---|---|---|---|")
     table = {}
     for v, rs in runs.items():
+        if v == "pinned_rate":
+            continue
         ok = [r for r in rs if r]
         if not ok:
             print(f"| {v} | failed | | | | |")

@@ -96,9 +96,9 @@ for stage in $stages; do
       rounds=${BENCH_ROUNDS:-2}
       dir="$LOGS/offload"
       mkdir -p "$dir"
-      gpt2=${GPT2_VARIANTS:-resident,torch_uvm_in_backward,fsdp2_cpu_offload}
+      gpt2=${GPT2_VARIANTS:-pinned_rate,resident,torch_uvm_in_backward,fsdp2_cpu_offload}
       for b in "train_mlp offload_train --only mlp" \
-               "larger larger_than_gpu --only model,model512 --variants ${LARGER_VARIANTS:-resident,torch_uvm_offload,pinned_stream,pinned_stream_same_share,accelerate_dispatch}" \
+               "larger larger_than_gpu --only model,model512 --variants ${LARGER_VARIANTS:-pinned_rate,resident,torch_uvm_offload,pinned_stream,pinned_stream_same_share,accelerate_dispatch}" \
                "generate offload_generate" \
                "train_gpt2 offload_train --only gpt2 --variants $gpt2"; do
         set -- $b
