@@ -3,8 +3,9 @@ measurements behind the choice of mechanism per case.
 
     python benchmarks/mechanisms.py [--rounds 5] [--out DIR]
 
-One process, UVM off (managed tensors from torch_uvm.manage_memory), every
-variant once per round, rounds interleaved. Wall time from the first call to
+One process, UVM off (managed tensors from torch_uvm.manage_memory; with
+--uvm on, so that GPU tensors are managed memory on the GPU, as the streaming
+engine's slots are), every variant once per round, rounds interleaved. Wall time from the first call to
 the end of a synchronize, so advice and host time count.
 
 to_gpu (pages on the CPU, 128 MiB and 1 GiB): a pinned copy; a migrating
@@ -33,9 +34,12 @@ slot_h2d / slot_d2h (128 MiB, 1 GiB): a streamed tensor's home (managed pages
   pinned copies.
 slot_both: 1 GiB each way at once on two streams (GB/s counts both): pinned;
   homes by copy engines both ways; copy engine one way and a kernel the other;
-  kernels both ways.
+  kernels both ways; pinned memory read and written in place by kernels.
+contention: 32 fp32 GEMMs alone, and beside a fused AdamW reading its
+  states in place (256 MiB of weights) or beside pinned copies both ways.
 adamw (256 MiB of fp32 weights): one fused AdamW step with its two moments on
-  the GPU, in homes read and written in place over PCIe, or copied in and out.
+  the GPU, in homes read and written in place over PCIe, or copied in and out;
+  the same with the moments in pinned memory.
 """
 import argparse
 import ctypes
@@ -79,10 +83,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--only", default=None, help="groups whose name starts with one of these")
+    ap.add_argument("--uvm", action="store_true", help="UVM on: GPU tensors are managed")
     args = ap.parse_args()
     import torch
     import torch_uvm
     from torch_uvm import _C
+    if args.uvm:
+        torch_uvm.set_enabled_uvm(True)
     dev = torch.device("cuda", 0)
     cpu = torch.device("cpu")
     side = torch.cuda.Stream(dev)
@@ -475,6 +482,18 @@ def main():
         sync()
         return _C.alias_on_device(m, dev)
 
+    def pinned_on_gpu(nbytes):
+        """A CUDA tensor over pinned host memory (mapped: kernels read and
+        write it in place over PCIe), through CuPy; None without CuPy."""
+        try:
+            import cupy
+        except ImportError:
+            return None
+        host = torch.ones(nbytes // 4).pin_memory()
+        mem = cupy.cuda.UnownedMemory(host.data_ptr(), host.nbytes, host, device_id=dev.index or 0)
+        arr = cupy.ndarray((nbytes // 4,), cupy.float32, cupy.cuda.MemoryPointer(mem, 0))
+        return torch.from_dlpack(arr)
+
     def pieces(dst, src, k, streams):
         cur = torch.cuda.current_stream(dev)
         for st in streams:
@@ -539,7 +558,25 @@ def main():
                 kernel_copy(h_out, down) if d2h_kernel else h_out.copy_(down)
             cur.wait_stream(a)
             cur.wait_stream(b)
+        g_in, g_out = pinned_on_gpu(nbytes), pinned_on_gpu(nbytes)
+        extra = {} if g_in is None else {
+            "pinned_kernel_both_ways": (lambda: mixed_on(g_in, g_out), None),
+            "pinned_copy_engine_in_kernel_out": (lambda: mixed_on(g_in, g_out, h2d_kernel=False),
+                                                 None)}
+
+        def mixed_on(src_home, dst_home, h2d_kernel=True):
+            cur = torch.cuda.current_stream(dev)
+            a, b = side_streams[:2]
+            a.wait_stream(cur)
+            b.wait_stream(cur)
+            with torch.cuda.stream(a):
+                kernel_copy(up, src_home) if h2d_kernel else up.copy_(p_in, non_blocking=True)
+            with torch.cuda.stream(b):
+                kernel_copy(dst_home, down)
+            cur.wait_stream(a)
+            cur.wait_stream(b)
         return {
+            **extra,
             "pinned_both_ways": (lambda: both(up, p_in, p_out, down), None),
             "home_both_ways": (stock(lambda: both(up, h_in, h_out, down)), None),
             "home_copy_engine_in_kernel_out": (stock(lambda: mixed(False, True)), None),
@@ -567,10 +604,74 @@ def main():
             adamw(m_slot, v_slot)
             m_home.copy_(m_slot)
             v_home.copy_(v_slot)
+        m_pin, v_pin = pinned_on_gpu(nbytes), pinned_on_gpu(nbytes)
+        m_cpu, v_cpu = torch.zeros(n).pin_memory(), torch.zeros(n).pin_memory()
+        if m_pin is not None:
+            m_pin.zero_(), v_pin.zero_()
+
+        def copied_pinned():
+            m_slot.copy_(m_cpu, non_blocking=True)
+            v_slot.copy_(v_cpu, non_blocking=True)
+            adamw(m_slot, v_slot)
+            m_cpu.copy_(m_slot, non_blocking=True)
+            v_cpu.copy_(v_slot, non_blocking=True)
+        extra = {} if m_pin is None else {
+            "states_pinned_in_place_over_pcie": (lambda: adamw(m_pin, v_pin), None)}
         return {
+            **extra,
+            "states_pinned_copied_in_and_out": (copied_pinned, None),
             "states_on_gpu": (lambda: adamw(m_dev, v_dev), None),
             "states_in_place_over_pcie": (lambda: adamw(m_home, v_home), None),
             "states_copied_in_and_out": (stock(copied), None),
+        }
+
+    def contention_variants(nbytes):
+        # 32 fp32 GEMMs (a backward's: 256 x 4096 by 4096 x 4096) on the
+        # current stream, alone or while a side stream moves `nbytes` of
+        # AdamW states: in place by the fused kernel (it holds SMs while it
+        # waits on PCIe) or by copy engines (they hold none)
+        n = nbytes // 4
+        x, w = torch.randn(256, 4096, device=dev), torch.randn(4096, 4096, device=dev)
+        p, g = torch.ones(n, device=dev), torch.full((n,), 1e-3, device=dev)
+        m_home, v_home = home(nbytes), home(nbytes)
+        step = torch.zeros((), device=dev)
+        slot = torch.empty(n, device=dev)
+        p_in, p_out = torch.ones(n).pin_memory(), torch.empty(n).pin_memory()
+        back = torch.ones(n, device=dev)
+
+        def gemms():
+            for _ in range(32):
+                torch.mm(x, w)
+
+        def beside(work):
+            def run():
+                cur = torch.cuda.current_stream(dev)
+                a = side_streams[0]
+                a.wait_stream(cur)
+                with torch.cuda.stream(a):
+                    work()
+                gemms()
+                cur.wait_stream(a)
+            return run
+
+        def adamw_in_place():
+            torch._fused_adamw_([p], [g], [m_home], [v_home], [], [step], lr=1e-4, beta1=0.9,
+                                beta2=0.999, weight_decay=0.01, eps=1e-8, amsgrad=False,
+                                maximize=False)
+
+        def copies_both_ways():
+            b = side_streams[1]
+            b.wait_stream(torch.cuda.current_stream(dev))
+            slot.copy_(p_in, non_blocking=True)
+            with torch.cuda.stream(b):
+                p_out.copy_(back, non_blocking=True)
+            torch.cuda.current_stream(dev).wait_stream(b)
+        return {
+            "gemms_alone": (gemms, None),
+            "adamw_in_place_alone": (adamw_in_place, None),
+            "gemms_beside_adamw_in_place": (beside(adamw_in_place), None),
+            "pinned_copies_alone": (copies_both_ways, None),
+            "gemms_beside_pinned_copies": (beside(copies_both_ways), None),
         }
 
     # each group's variants are made only if the group runs (--only)
@@ -594,6 +695,7 @@ def main():
         plan.append((f"slot_d2h {nbytes // MiB} MiB", nbytes, slot_variants, (nbytes, False)))
     plan.append(("slot_both 1024 MiB each way", 2 * GiB, slot_both_variants, (1 * GiB,)))
     plan.append(("adamw 256 MiB of weights", 256 * MiB, adamw_variants, (256 * MiB,)))
+    plan.append(("contention 256 MiB", 256 * MiB, contention_variants, (256 * MiB,)))
     if args.only:
         plan = [p for p in plan if any(p[0].startswith(o) for o in args.only.split(","))]
     groups = {name: (nbytes, make(*a)) for name, nbytes, make, a in plan}

@@ -167,3 +167,49 @@ def median_of(runs: List[Optional[dict]], key: str, default: float) -> float:
     """The median of `key` over a variant's runs, or `default` if none ran."""
     s = summarize([r[key] for r in runs if r])
     return default if s is None else s["median"]
+
+
+def profiled(fn: Callable[[], None], path: str) -> dict:
+    """Runs `fn` once under torch.profiler, writes the trace (Chrome/Perfetto
+    JSON) to `path`, and returns where the GPU's time went: per stream, the
+    milliseconds its kernels and copies took, and the span from the first
+    GPU event to the last. Streams busy at once overlap: their times add up
+    to more than the span."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+           and "dur" in e]
+    streams: Dict[str, dict] = {}
+    for e in gpu:
+        s = streams.setdefault(str(e.get("args", {}).get("stream")),
+                               {"kernel_ms": 0.0, "copy_ms": 0.0, "events": 0})
+        s["kernel_ms" if e["cat"] == "kernel" else "copy_ms"] += e["dur"] / 1e3
+        s["events"] += 1
+    span = (max(e["ts"] + e["dur"] for e in gpu) - min(e["ts"] for e in gpu)) / 1e3 if gpu else 0
+    ours = {}
+    for e in events:
+        if e.get("name", "").startswith("torch_uvm::") and "dur" in e:
+            what = e["name"].split(" ")[0]
+            o = ours.setdefault(what, {"count": 0, "cpu_ms": 0.0, "bytes": 0})
+            o["count"] += 1
+            o["cpu_ms"] += e["dur"] / 1e3
+            o["bytes"] += int(e.get("args", {}).get("bytes", 0) or 0)
+    return {"gpu_span_ms": span, "streams": streams, "torch_uvm": ours, "trace": path}
+
+
+def describe_profile(name: str, p: dict) -> str:
+    """A profiled() result as lines of text."""
+    lines = [f"profile of one step, {name}: GPU span {p['gpu_span_ms']:.1f} ms ({p['trace']})"]
+    for s, v in sorted(p["streams"].items(), key=lambda kv: -(kv[1]["kernel_ms"] + kv[1]["copy_ms"])):
+        lines.append(f"  stream {s}: kernels {v['kernel_ms']:.1f} ms, copies {v['copy_ms']:.1f} ms "
+                     f"({v['events']} events)")
+    for what, v in sorted(p["torch_uvm"].items()):
+        lines.append(f"  {what}: {v['count']} ranges, {v['cpu_ms']:.1f} ms on the host, "
+                     f"{v['bytes'] / 2**20:.0f} MiB")
+    return "\n".join(lines)

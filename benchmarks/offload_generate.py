@@ -84,33 +84,35 @@ def run_generate(variant):
         out = generate()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+    where = os.environ.get("OFFLOAD_PROFILE")   # a folder: one more generate, profiled
+    if where and variant != "accelerate_dispatch":
+        os.makedirs(where, exist_ok=True)
+        extra["profile"] = method.profiled(generate, os.path.join(where, f"generate_{variant}.json"))
     if variant.startswith("torch_uvm_offload"):
         s = handle.residency_stats()
         peak = s["resident_bytes.peak"]
         resident = handle.resident_units()
         # the weights not resident cross the link once per token
         streamed = weights - sum(u.nbytes for u in resident)
-        extra = {"mode": handle.mode, "resident_units": len(resident),
-                 "units": len(handle.units)}
+        extra.update(mode=handle.mode, resident_units=len(resident), units=len(handle.units),
+                     resident_names=[u.name for u in resident])
     return {"tokens_per_s": NEW_TOKENS / min(times), "weights_bytes": weights,
             "peak_resident_bytes": peak, "streamed_bytes_per_token": streamed,
             "tokens": out[0, PROMPT:].tolist(), **extra}
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--variant")
-    ap.add_argument("--scenario")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap = method.driver_args(argparse.ArgumentParser(), rounds=2, only="generate")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = ap.parse_args()
     if args.variant:
         print("RESULT " + json.dumps(run_generate(args.variant)), flush=True)
         return
+    method.chosen(PLAN, "generate", args.variants)
     runs = method.scenario_runs(os.path.abspath(__file__), PLAN, ["generate"], args.rounds,
                                 timeout=400)["generate"]
-    rates = [r["h2d_gbps"] if r else None for r in runs["pinned_rate"]]
-    ref = next((r["tokens"] for r in runs["resident"] if r), None)
+    rates = [r["h2d_gbps"] if r else None for r in runs.get("pinned_rate", [])]
+    ref = next((r["tokens"] for r in runs.get("resident", []) if r), None)
     print(f"\n(g) GPT-2-style, n_embd 2048, 30 layers (~3 GiB fp16), {NEW_TOKENS} tokens from "
           f"a {PROMPT}-token prompt, budget {GEN_BUDGET / GiB:.1f} GiB; pinned H2D rate this run: "
           f"{method.summarize([r for r in rates if r])['median']:.1f} GB/s")
@@ -141,10 +143,16 @@ def main():
         print(f"{ok[-1]['peak_resident_bytes'] / MiB:.0f} MiB | {streamed / MiB:.0f} MiB | {same} |")
         if share and v.startswith("torch_uvm"):
             compared[f"(g) {v}, tokens/s / link limit"] = share
-    compared["(g) accelerate dispatch_model / torch_uvm.offload, tokens/s"] = method.ratio(
-        [r["tokens_per_s"] if r else None for r in runs["accelerate_dispatch"]],
-        [r["tokens_per_s"] if r else None for r in runs["torch_uvm_offload"]],
-        lower_is_better=False)
+    if "accelerate_dispatch" in runs and "torch_uvm_offload" in runs:
+        compared["(g) accelerate dispatch_model / torch_uvm.offload, tokens/s"] = method.ratio(
+            [r["tokens_per_s"] if r else None for r in runs["accelerate_dispatch"]],
+            [r["tokens_per_s"] if r else None for r in runs["torch_uvm_offload"]],
+            lower_is_better=False)
+    for v, rs in runs.items():
+        for r in rs:
+            if r and r.get("profile"):
+                print(method.describe_profile(f"(g) {v}", r["profile"]))
+                break
     print("\n| ratio (each round's runs paired) | median (min–max) | target | |")
     print("|---|---|---|---|")
     for name, summary in compared.items():

@@ -136,17 +136,27 @@ def run(scenario, variant):
         times.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
     steady = sorted(times[1:])
+    where = os.environ.get("OFFLOAD_PROFILE")   # a folder: one more step, profiled
+    if where and variant in ("resident", "torch_uvm", "torch_uvm_in_backward"):
+        os.makedirs(where, exist_ok=True)
+
+        def one_step():
+            loss_fn(model, x).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        extra["profile"] = method.profiled(one_step, os.path.join(where, f"{scenario}_{variant}.json"))
     if handle is not None:
         after = handle.residency_stats()
+        extra["units_in_order"] = [u.name for u in handle.units_in_order()]
         n = conf["steps"] - 1
         resident = handle.resident_units()
-        extra = {"peak_resident_bytes": after["resident_bytes.peak"],
+        extra.update({"peak_resident_bytes": after["resident_bytes.peak"],
                  "resident_units": len(resident), "units": len(handle.units),
                  "resident_weight_bytes": sum(u.nbytes for u in resident),
                  "to_gpu_bytes_per_step": (after["prefetched_bytes"] - before["prefetched_bytes"]) / n,
                  "home_bytes_per_step": (after["evicted_bytes.write_home"]
                                          - before["evicted_bytes.write_home"]) / n,
-                 "evictions": {k: after[k] - before[k] for k in after if k.startswith("evict")}}
+                 "evictions": {k: after[k] - before[k] for k in after if k.startswith("evict")}})
     extra["max_memory_allocated"] = torch.cuda.max_memory_allocated()
     if variant == "fsdp2_cpu_offload":
         import torch.distributed as dist
@@ -214,6 +224,11 @@ def report(scenario, runs):
         print(f"| {v} | {t['median']:{fmt}} ({t['min']:{fmt}}-{t['max']:{fmt}}) | "
               f"{'' if over is None else f'{over:.2f}'} | {same} | {moved} | "
               f"{ok[-1]['max_memory_allocated'] / GiB:.2f} GiB |")
+    for v, rs in runs.items():
+        for r in rs:
+            if r and r.get("profile"):
+                print(method.describe_profile(f"({scenario}) {v}", r["profile"]))
+                break
     return table, limit
 
 

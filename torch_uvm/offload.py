@@ -1,5 +1,5 @@
 """Model offload: a module's weights streamed through a share of a GPU's
-residency budget (the offload's own budget): a resident prefix stays, the
+residency budget (the offload's own budget): a resident part stays, the
 rest is read in place or brought one submodule ahead, for inference and
 training.
 
@@ -195,6 +195,7 @@ class Offloaded:
             self.executor.evict_all()
             self.executor.end_pass()
         torch.cuda.synchronize(self.device)   # the homes are read on the CPU below
+        _C.release_cached_slots()             # the slots' device memory goes back
         self._finalizer.detach()
         _end_lease(self._lease)
         with torch.no_grad():
@@ -219,14 +220,9 @@ def _direct_tensors(module: torch.nn.Module):
 
 
 def _home_for(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`t`'s value in managed memory homed on the CPU, owning its storage
-    from its start, seen on `device`: `t`'s own memory when it already is
-    such, else a copy."""
-    t = t.detach()
-    reusable = _C.managed_home(t) == -1 and t.storage_offset() == 0 and \
-        t.untyped_storage().nbytes() == _span_bytes(t)
-    managed = t if reusable else _C.manage_memory(t.to("cpu"))
-    return _C.alias_on_device(managed, device)
+    """`t`'s value in its home: pinned host memory, seen on `device` (a CUDA
+    tensor owning all of it; csrc/torch/pinned_home.h)."""
+    return _C.pinned_home(t.detach(), device)
 
 
 def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
@@ -239,11 +235,13 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     the device's residency limit (or, without one, the managed memory cap);
     a budget that does not fit beside the others is refused, naming them.
 
-    Parameters and buffers become tensors on `device` whose home is managed
-    memory on the CPU (the module's tensors are replaced; their values are
-    kept). The first forward learns the order in which submodules run;
+    Parameters and buffers become tensors on `device` whose home is pinned
+    host memory, mapped for the GPU (the module's tensors are replaced; their
+    values are kept). The first forward learns the order in which submodules run;
     after it, the longest prefix of that order that fits the budget (less
-    the window streaming needs) stays on the GPU, and the rest streams:
+    the window streaming needs) stays on the GPU (read in place for
+    inference: the longest suffix, so that the slow in-place kernels queue
+    first), and the rest streams:
     while submodule i runs, the next `ahead` are copied to GPU memory on a
     side stream, and the least recently used leave (written ones are copied
     home). For inference (``torch.no_grad()``, ``generate``) and training

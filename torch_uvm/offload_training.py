@@ -11,14 +11,18 @@ this file decides when.
 * ``optimizer.step()`` (after :meth:`Offloaded.stream_optimizer`) steps one
   submodule at a time: its weights, gradients and states come to the GPU,
   the optimizer's own step runs on them alone, and what it wrote goes home
-  by a copy. States the step makes are adopted the same way. A fused
-  optimizer (``fused=True``: one pass) reads and writes its states in place
-  in host memory instead, which overlaps both directions of the link. The step's
-  arithmetic is the optimizer's own, per element, so losses equal an
-  all-resident run's.
+  by a copy. States the step makes are adopted the same way. (A fused step
+  reading its states in place in host memory moves as many bytes, but holds
+  the GPU's SMs while it waits on PCIe, and the backward's kernels beside it
+  wait too: copy engines hold none. benchmarks/results/*-s10-mechanisms-uvm-*.log,
+  contention.) The step's arithmetic is the optimizer's own, per element, so
+  losses equal an all-resident run's.
 * With ``step_in_backward``, a submodule steps as soon as its gradients are
   complete, while its weights are still on the GPU; its gradients are then
-  set to None and never leave the GPU.
+  set to None and never leave the GPU. The step runs on a stream of its own,
+  after the backward's work so far: its wait for the states' copy and the
+  step overlap the backward of the submodules before it instead of delaying
+  it. The end of backward waits for every step.
 """
 from __future__ import annotations
 
@@ -35,12 +39,13 @@ if TYPE_CHECKING:
 
 class BackwardState:
     """What one offload knows of the backward under way."""
-    __slots__ = ("active", "frozen_running", "stepped_since_step")
+    __slots__ = ("active", "frozen_running", "stepped_since_step", "step_stream")
 
     def __init__(self):
         self.active = False           # a backward runs: its end is queued
         self.frozen_running: List["_Unit"] = []   # brought, no gradient will release them
         self.stepped_since_step = False           # step_in_backward stepped, step() not called
+        self.step_stream = None       # step_in_backward's steps run on it (made when first needed)
 
 
 def trainable(unit: "_Unit") -> List[torch.nn.Parameter]:
@@ -127,13 +132,20 @@ def _grads_complete(handle: "Offloaded", unit: "_Unit") -> None:
         executor.grads_ready(unit.index, True)
         return
     executor.grads_ready(unit.index, False)
-    for optimizer, own in handle._optimizers:
-        _step_unit(handle, optimizer, own, unit, with_grads=False)
-    for p in unit.trainable:
-        p.grad = None
-    executor.discard_grads(unit.index)
+    state = handle._backward
+    if state.step_stream is None:
+        state.step_stream = torch.cuda.Stream(handle.device)
+    state.step_stream.wait_stream(torch.cuda.current_stream(handle.device))
+    # On the step stream, the executor's bring waits there, step_done's copies
+    # home wait for it, and the gradients' memory is let go after it.
+    with torch.cuda.stream(state.step_stream):
+        for optimizer, own in handle._optimizers:
+            _step_unit(handle, optimizer, own, unit, with_grads=False)
+        for p in unit.trainable:
+            p.grad = None
+        executor.discard_grads(unit.index)
     unit.stepped = True
-    handle._backward.stepped_since_step = True
+    state.stepped_since_step = True
 
 
 def _end_backward(ref: "weakref.ref[Offloaded]") -> None:
@@ -143,6 +155,8 @@ def _end_backward(ref: "weakref.ref[Offloaded]") -> None:
     state = handle._backward
     state.active = False
     state.frozen_running.clear()
+    if state.step_stream is not None:  # what follows sees every step's writes
+        torch.cuda.current_stream(handle.device).wait_stream(state.step_stream)
     for u in handle.units:            # some gradients never came (an unused branch)
         if 0 < u.grads_seen < u.grads_expected:
             u.grads_seen = 0
@@ -153,11 +167,6 @@ def _end_backward(ref: "weakref.ref[Offloaded]") -> None:
 def state_tensors(optimizer: torch.optim.Optimizer, p) -> List[torch.Tensor]:
     return [t for t in optimizer.state.get(p, {}).values()
             if isinstance(t, torch.Tensor) and t.is_cuda]
-
-
-def fused(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether every group steps in one fused pass (fused=True)."""
-    return all(g.get("fused") for g in optimizer.param_groups)
 
 
 def check_optimizer(handle: "Offloaded", optimizer: torch.optim.Optimizer) -> None:
@@ -192,10 +201,7 @@ def _step_unit(handle: "Offloaded", optimizer, own, unit: "_Unit", with_grads: b
         return False
     params = [p for p in unit.trainable if id(p) in ids]
     grads = [p.grad for p in params] if with_grads else []
-    # A fused step reads and writes each state once: in place in host memory
-    # it overlaps both directions of the link (benchmarks/results/
-    # *-s9-mechanisms.md, adamw); a step of several passes gets them copied.
-    before = [] if fused(optimizer) else [t for p in params for t in state_tensors(optimizer, p)]
+    before = [t for p in params for t in state_tensors(optimizer, p)]
     executor = handle.executor
     executor.bring(params + grads + before)
     saved = [g["params"] for g in groups]

@@ -120,7 +120,7 @@ Block* CachingManagedAllocator::allocate_block(std::size_t size,
   }
   std::size_t segment = policy_.segment_size(size);
   const char* why = "the device has no managed memory left";
-  if (!cap_.admits(static_cast<std::size_t>(stats_.total().reserved_bytes.all().current),
+  if (!cap_.admits(static_cast<std::size_t>(stats_.total().reserved_bytes.all().current) + outside_,
                    segment)) {
     why = "the request would exceed the managed memory cap";
   } else if (!cap_.admits_on(where.home, reserved_on(where.home), segment)) {
@@ -147,7 +147,7 @@ Block* CachingManagedAllocator::new_segment(std::size_t size, const Placement& w
   std::size_t bytes = policy_.segment_size(size);
   cap_.use_device(where.home == kCpuDevice ? runtime_->current_device() : where.home);
   stats_.set(&MemoryStats::cap_bytes, static_cast<int64_t>(cap_.cap()));
-  if (!cap_.admits(static_cast<std::size_t>(stats_.total().reserved_bytes.all().current),
+  if (!cap_.admits(static_cast<std::size_t>(stats_.total().reserved_bytes.all().current) + outside_,
                    bytes) ||
       !cap_.admits_on(where.home, reserved_on(where.home), bytes)) {
     return nullptr;
@@ -528,6 +528,26 @@ void CachingManagedAllocator::reset_accumulated_stats(DeviceIndex home) {
 std::size_t CachingManagedAllocator::cap() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return cap_.cap();
+}
+
+bool CachingManagedAllocator::reserve_outside(std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!cap_.admits(static_cast<std::size_t>(stats_.total().reserved_bytes.all().current) + outside_,
+                   bytes)) {
+    return false;
+  }
+  outside_ += bytes;
+  return true;
+}
+
+void CachingManagedAllocator::release_outside(std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  outside_ -= std::min(bytes, outside_);
+}
+
+std::size_t CachingManagedAllocator::outside_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return outside_;
 }
 
 std::size_t CachingManagedAllocator::safe_cap_limit() const {

@@ -143,6 +143,15 @@ class CachingManagedAllocator {
   // allow_oversubscription.
   std::size_t cap() const;
   std::size_t safe_cap_limit() const;
+
+  // GPU memory torch_uvm holds outside its managed pool (streamed tensors'
+  // slots, device memory from PyTorch's own caching allocator) counts
+  // against the cap as reserved bytes do, so that the two together never
+  // exceed it. reserve_outside takes `bytes` more if they fit (false if
+  // not); release_outside gives them back.
+  bool reserve_outside(std::size_t bytes);
+  void release_outside(std::size_t bytes);
+  std::size_t outside_bytes() const;
   void set_cap(std::size_t bytes, bool allow_oversubscription = false);
   void set_release_threshold(std::size_t bytes);
 
@@ -230,6 +239,7 @@ class CachingManagedAllocator {
   int device_count_;
 
   mutable std::mutex mutex_;
+  std::size_t outside_ = 0;  // reserve_outside's, under mutex_
   BlockPool small_pool_;
   BlockPool large_pool_;
   PendingFrees pending_;

@@ -52,12 +52,21 @@ struct ResidencyStats {
   std::size_t discarded_bytes = 0;
 };
 
-// Which units of a module stay resident: the longest prefix of the order in
-// which they run that fits `room` bytes (the budget less the window that
+// Where the resident units sit in the order in which units run.
+// kStart: streaming copies run ahead while the resident first units compute,
+// and a backward ends on them. kEnd: for kernels that read streamed units in
+// place (over PCIe, slower than the host issues them), the slow kernels
+// queue first and the GPU works through them while the host issues the
+// resident rest; a pass that ends in a host wait (a generated token) then
+// costs the larger of the two, not their sum.
+enum class ResidentAt { kStart, kEnd };
+
+// Which units of a module stay resident: the longest prefix (or suffix) of
+// the order that fits `room` bytes (the budget less the window that
 // streaming needs), or every unit when all fit in `budget`. Shared bytes
 // (a tied weight) count once per unit: a bound, never an underestimate.
 std::vector<bool> plan_resident(const std::vector<std::size_t>& unit_bytes, std::size_t budget,
-                                std::size_t room);
+                                std::size_t room, ResidentAt at = ResidentAt::kStart);
 
 struct ShareInfo {
   ShareId id;

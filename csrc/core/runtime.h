@@ -24,6 +24,13 @@ class Runtime {
   virtual void* allocate_managed(std::size_t bytes) = 0;
   virtual void free_managed(void* ptr) = 0;
 
+  // Pinned host memory, mapped for every GPU at the same address: the homes
+  // of streamed tensors, which copy engines move at the link's speed both
+  // ways at once (managed memory on either side of a copy halves that).
+  // allocate_host returns nullptr when the host cannot pin more.
+  virtual void* allocate_host(std::size_t bytes) = 0;
+  virtual void free_host(void* ptr) = 0;
+
   // Hints and migration. prefetch is ordered on `stream`.
   virtual void advise(const void* ptr, std::size_t bytes, Advice advice,
                       DeviceIndex device) = 0;

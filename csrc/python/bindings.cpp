@@ -4,6 +4,8 @@
 
 #include "core/config.h"
 #include "core/residency.h"
+#include "torch/pinned_home.h"
+#include "torch/slot_memory.h"
 #include "torch/managed_allocator.h"
 #include "torch/managed_tensor.h"
 #include "torch/forked_worker_memory.h"
@@ -75,6 +77,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("manage_memory", &manage_memory);
   m.def("unmanage_memory", &unmanage_memory);
   m.def("adopt_copy_in_forked_child", &adopt_copy_in_forked_child);
+  // A streamed tensor's home: t's value in pinned host memory, seen on `device`.
+  m.def("pinned_home", [](const at::Tensor& t, const py::object& device) {
+    return pinned_home_copy(t, with_index(device.cast<c10::Device>()));
+  });
+  m.def("is_pinned_home", [](const at::Tensor& t) {
+    return t.has_storage() && is_pinned_home(t.storage().data_ptr());
+  });
+  m.def("release_cached_slots", &release_cached_slots);
   m.def("alias_on_device", [](const at::Tensor& t, const py::object& device) {
     TORCH_CHECK(is_managed(t), "torch_uvm: only a managed tensor can be seen on another device");
     return alias_on_device(t, with_index(device.cast<c10::Device>()));  // "cuda": the current GPU

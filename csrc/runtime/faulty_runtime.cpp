@@ -60,6 +60,16 @@ void* FaultyRuntime::allocate_managed(std::size_t bytes) {
   return inner_->allocate_managed(bytes);
 }
 
+void* FaultyRuntime::allocate_host(std::size_t bytes) {
+  enter(kAllocate);
+  return inner_->allocate_host(bytes);
+}
+
+void FaultyRuntime::free_host(void* ptr) {
+  enter(kFree);
+  inner_->free_host(ptr);
+}
+
 void FaultyRuntime::free_managed(void* ptr) {
   enter(kFree);
   inner_->free_managed(ptr);

@@ -39,6 +39,8 @@ class FaultyRuntime : public Runtime {
   std::string name() const override { return "faulty " + inner_->name(); }
   void* allocate_managed(std::size_t bytes) override;
   void free_managed(void* ptr) override;
+  void* allocate_host(std::size_t bytes) override;
+  void free_host(void* ptr) override;
   void advise(const void* ptr, std::size_t bytes, Advice advice, DeviceIndex device) override;
   void prefetch(const void* ptr, std::size_t bytes, DeviceIndex target, StreamRef stream) override;
   EventHandle create_event(DeviceIndex device) override;

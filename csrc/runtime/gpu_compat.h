@@ -29,6 +29,8 @@ constexpr int gpuCpuDeviceId = hipCpuDeviceId;
 #define gpuGetLastError hipGetLastError
 #define gpuMallocManaged(p, n) hipMallocManaged((p), (n), hipMemAttachGlobal)
 #define gpuFree hipFree
+#define gpuHostAllocMappedPortable(p, n) hipHostMalloc((p), (n), hipHostMallocMapped | hipHostMallocPortable)
+#define gpuFreeHost hipHostFree
 #define gpuEventCreateWithFlags hipEventCreateWithFlags
 #define gpuEventDisableTiming hipEventDisableTiming
 #define gpuEventDestroy hipEventDestroy
@@ -99,6 +101,8 @@ constexpr int gpuCpuDeviceId = cudaCpuDeviceId;
 #define gpuGetLastError cudaGetLastError
 #define gpuMallocManaged(p, n) cudaMallocManaged((p), (n), cudaMemAttachGlobal)
 #define gpuFree cudaFree
+#define gpuHostAllocMappedPortable(p, n) cudaHostAlloc((p), (n), cudaHostAllocMapped | cudaHostAllocPortable)
+#define gpuFreeHost cudaFreeHost
 #define gpuEventCreateWithFlags cudaEventCreateWithFlags
 #define gpuEventDisableTiming cudaEventDisableTiming
 #define gpuEventDestroy cudaEventDestroy

@@ -61,19 +61,32 @@ struct RelaxedCaptureMode {
 
 std::string GpuRuntime::name() const { return TORCH_UVM_GPU_API_NAME; }
 
-void* GpuRuntime::allocate_managed(std::size_t bytes) {
-  RelaxedCaptureMode relaxed;
-  void* p = nullptr;
-  gpuError_t err = gpuMallocManaged(&p, bytes);
+// An allocation's result: nullptr when out of memory (the caller may release
+// its cache and retry), else checked.
+static void* allocated(gpuError_t err, void* p, const char* call) {
   if (err == gpuErrorMemoryAllocation) {
     (void)gpuGetLastError();
     return nullptr;
   }
-  check(err, "gpuMallocManaged");
+  check(err, call);
   return p;
 }
 
+void* GpuRuntime::allocate_managed(std::size_t bytes) {
+  RelaxedCaptureMode relaxed;
+  void* p = nullptr;
+  return allocated(gpuMallocManaged(&p, bytes), p, "gpuMallocManaged");
+}
+
 void GpuRuntime::free_managed(void* ptr) { GPU_CHECK(gpuFree(ptr)); }
+
+void* GpuRuntime::allocate_host(std::size_t bytes) {
+  RelaxedCaptureMode relaxed;
+  void* p = nullptr;
+  return allocated(gpuHostAllocMappedPortable(&p, bytes), p, "gpuHostAlloc");
+}
+
+void GpuRuntime::free_host(void* ptr) { GPU_CHECK(gpuFreeHost(ptr)); }
 
 void GpuRuntime::advise(const void* ptr, std::size_t bytes, Advice advice,
                         DeviceIndex device) {

@@ -12,18 +12,27 @@ namespace torch_uvm {
 HostRuntime::HostRuntime(int devices, std::size_t memory_per_device)
     : devices_(devices), memory_per_device_(memory_per_device) {}
 
+namespace {
+
+// Whether an injected failure is due (counted down).
+bool injected(std::atomic<int>& due) {
+  if (due <= 0) return false;
+  --due;
+  return true;
+}
+
+}  // namespace
+
 HostRuntime::~HostRuntime() {
   for (auto& [ptr, size] : live_) std::free(ptr);
+  for (auto& [ptr, size] : host_live_) std::free(ptr);
   for (Event* e : events_) delete e;
 }
 
 void* HostRuntime::allocate_managed(std::size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   ++counters_.allocations;
-  if (fail_next_ > 0) {
-    --fail_next_;
-    return nullptr;
-  }
+  if (injected(fail_next_)) return nullptr;
   if (bytes > memory_per_device_ || in_use_ > memory_per_device_ - bytes) {
     return nullptr;
   }
@@ -36,6 +45,24 @@ void* HostRuntime::allocate_managed(std::size_t bytes) {
   live_[p] = bytes;
   in_use_ += bytes;
   return p;
+}
+
+// Host memory is host memory: plain malloc, counted apart from the fake GPUs'.
+void* HostRuntime::allocate_host(std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++counters_.host_allocations;
+  if (injected(fail_next_host_)) return nullptr;
+  void* p = std::malloc(bytes == 0 ? 1 : bytes);
+  if (p != nullptr) host_live_[p] = bytes;
+  return p;
+}
+
+void HostRuntime::free_host(void* ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = host_live_.find(ptr);
+  if (it == host_live_.end()) throw RuntimeError("HostRuntime::free_host: unknown pointer");
+  host_live_.erase(it);
+  std::free(ptr);
 }
 
 void HostRuntime::free_managed(void* ptr) {

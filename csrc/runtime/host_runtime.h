@@ -22,7 +22,7 @@ class HostRuntime : public Runtime {
     std::size_t allocations = 0, frees = 0, advises = 0, prefetches = 0,
                 event_records = 0, event_queries = 0, event_syncs = 0,
                 events_created = 0, events_destroyed = 0, flag_waits = 0,
-                flag_writes = 0;
+                flag_writes = 0, host_allocations = 0;
     // memory_info calls per device: on CUDA each one needs a context there.
     std::map<DeviceIndex, std::size_t> memory_info_reads;
   };
@@ -34,6 +34,8 @@ class HostRuntime : public Runtime {
   std::string name() const override { return "host"; }
   void* allocate_managed(std::size_t bytes) override;
   void free_managed(void* ptr) override;
+  void* allocate_host(std::size_t bytes) override;
+  void free_host(void* ptr) override;
   void advise(const void* ptr, std::size_t bytes, Advice advice,
               DeviceIndex device) override;
   void prefetch(const void* ptr, std::size_t bytes, DeviceIndex target,
@@ -72,6 +74,14 @@ class HostRuntime : public Runtime {
   void complete_events(const StreamRef* stream = nullptr);
   // The next `n` allocate_managed calls return nullptr (device OOM).
   void fail_next_allocations(int n) { fail_next_ = n; }
+  // The next `n` allocate_host calls return nullptr (the host cannot pin).
+  void fail_next_host_allocations(int n) { fail_next_host_ = n; }
+  std::size_t host_bytes_live() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::size_t sum = 0;
+    for (const auto& [p, n] : host_live_) sum += n;
+    return sum;
+  }
   // The next `n` prefetch calls throw RuntimeError.
   void fail_next_prefetches(int n) { fail_prefetch_ = n; }
   // While held, prefetch calls block (a driver holding the calling thread).
@@ -106,6 +116,7 @@ class HostRuntime : public Runtime {
   mutable std::mutex mutex_;
   bool auto_complete_ = true;
   std::atomic<int> fail_next_{0};
+  std::atomic<int> fail_next_host_{0};
   std::atomic<int> fail_prefetch_{0};
   bool hold_prefetches_ = false;
   std::condition_variable prefetch_released_;
@@ -114,6 +125,7 @@ class HostRuntime : public Runtime {
   std::vector<PrefetchCall> prefetch_log_;
   std::map<StreamRef, std::vector<FlagWait>> flag_waits_;  // unsatisfied, per stream
   std::map<void*, std::size_t> live_;
+  std::map<void*, std::size_t> host_live_;  // allocate_host's
   std::size_t in_use_ = 0;
   std::set<Event*> events_;
   std::map<const void*, std::vector<std::pair<Advice, DeviceIndex>>> advice_;

@@ -10,6 +10,7 @@
 #include "core/errors.h"
 #include "torch/prefetch_advise.h"
 #include "torch/state.h"
+#include "torch/streamed_tensor.h"
 
 namespace torch_uvm {
 namespace {
@@ -110,6 +111,7 @@ void CudaAllocator::emptyCache(c10::MempoolId_t) {
 
 void CudaAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) {
   if (ptr.get() == nullptr) return;
+  if (record_stream_of_streamed(ptr, stream)) return;  // a slot or a home: not ours
   // The stream knows its device: no guess from the current one.
   translate_errors([&] { core_.record_stream(ptr.get(), stream_ref(stream.device_index(), stream.stream())); });
 }

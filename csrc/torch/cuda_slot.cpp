@@ -9,6 +9,7 @@
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include "torch/cuda_allocator.h"
+#include "torch/slot_memory.h"
 #include "torch/slots.h"
 #include "torch/state.h"
 #include "torch_uvm/torch_uvm.h"
@@ -23,6 +24,8 @@ void install_cuda_slot() {
               "longer be replaced. Enable UVM first: call "
               "torch_uvm.set_enabled_uvm(True) at the top of the program, or set "
               "PYTORCH_ENABLE_UNIFIED_MEMORY=1 before it starts.");
+  // PyTorch's own stays, for streamed tensors' slots of device memory.
+  if (current != nullptr) set_native_cuda_allocator(current);
   auto cuda = std::make_shared<CudaAllocator>(allocator());
   CudaAllocator::set_instance(cuda.get());
   // Keeps `cuda` alive for the process (PyTorch holds the shared_ptr).

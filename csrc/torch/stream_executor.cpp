@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "torch/state.h"
+#include "torch/trace_scope.h"
 #include "torch_uvm/torch_uvm.h"
 
 namespace torch_uvm {
@@ -54,14 +55,23 @@ c10::cuda::CUDAStream StreamExecutor::compute() const {
   return c10::cuda::getCurrentCUDAStream(device_.index());
 }
 
+void StreamExecutor::note_compute() {
+  const auto c = compute();
+  if (std::find(compute_streams_.begin(), compute_streams_.end(), c) == compute_streams_.end()) {
+    compute_streams_.push_back(c);
+  }
+}
+
 int StreamExecutor::entry_for(const at::Tensor& t) const {
   auto it = by_target_.find(t.unsafeGetTensorImpl());
   return it == by_target_.end() ? -1 : it->second;
 }
 
-int StreamExecutor::add_entry(const at::Tensor& target, StreamedTensor::Memory memory) {
+int StreamExecutor::add_entry(const at::Tensor& target, StreamedTensor::Memory memory,
+                              std::string name) {
   Entry e;
   e.tensor = std::make_unique<StreamedTensor>(target, memory);
+  e.name = std::move(name);
   entries_.push_back(std::move(e));
   const int id = static_cast<int>(entries_.size()) - 1;
   by_target_[target.unsafeGetTensorImpl()] = id;
@@ -75,7 +85,7 @@ int StreamExecutor::add_unit(const std::string& name, const std::vector<at::Tens
   u.name = name;
   for (const at::Tensor& t : targets) {
     int id = entry_for(t);
-    if (id < 0) id = add_entry(t, StreamedTensor::Memory::kHome);
+    if (id < 0) id = add_entry(t, StreamedTensor::Memory::kHome, name);
     if (std::find(u.tensors.begin(), u.tensors.end(), id) == u.tensors.end()) {
       u.tensors.push_back(id);
     }
@@ -123,6 +133,8 @@ void StreamExecutor::carry_out(const std::vector<EvictionStep>& steps) {
 bool StreamExecutor::leave(int id, bool written) {
   StreamedTensor& t = *entries_[id].tensor;
   written = written || t.changed() || !t.has_home();
+  TraceScope scope(written ? "write_home" : "drop", entries_[id].name, t.nbytes(),
+                   reinterpret_cast<std::uintptr_t>(home_stream_.stream()));
   t.leave(written, compute_done_, compute(), home_stream_);
   return written;
 }
@@ -168,6 +180,7 @@ void StreamExecutor::wait_ready(const std::vector<int>& ids) {
 }
 
 void StreamExecutor::plan(std::size_t window, bool training) {
+  TraceScope scope("plan", "", window);
   training_ = training;
   std::vector<int> seen;
   std::unordered_set<int> taken;
@@ -185,8 +198,11 @@ void StreamExecutor::plan(std::size_t window, bool training) {
     sizes.push_back(unit_bytes(order_[i]));
   }
   const std::size_t budget = budget_.share_stats(share_).limit;
+  // Read in place, a pass is quickest with its streamed units first
+  // (core/residency.h, ResidentAt).
   const std::vector<bool> resident =
-      plan_resident(sizes, budget, budget > window ? budget - window : 0);
+      plan_resident(sizes, budget, budget > window ? budget - window : 0,
+                    in_place_ && !training ? ResidentAt::kEnd : ResidentAt::kStart);
   for (std::size_t i = 0; i < order_.size(); ++i) {
     Unit& u = units_[order_[i]];
     u.resident = resident[i];
@@ -208,14 +224,13 @@ void StreamExecutor::before(int unit, bool backward) {
   if (!planned_) seen_.push_back(unit);
   if (u.running) return;  // run again before its end (a module called twice)
   u.running = true;
-  const auto c = compute();
-  if (std::find(compute_streams_.begin(), compute_streams_.end(), c) == compute_streams_.end()) {
-    compute_streams_.push_back(c);
-  }
+  note_compute();
   if (in_place_ && !u.resident) return;  // read where it lives
   if (u.staged) {
     u.staged = false;  // its holds pass to this run
   } else {
+    TraceScope scope("bring", u.name, unit_bytes(unit),
+                     reinterpret_cast<std::uintptr_t>(bring_stream_.stream()));
     bring_entries(u.tensors, bring_stream_);
   }
   u.held = true;
@@ -244,6 +259,8 @@ void StreamExecutor::stage_next(int unit, bool backward) {
     if (v.resident) continue;
     ++streamed;
     if (v.staged || v.running) continue;
+    TraceScope scope("bring", v.name, unit_bytes(order_[j]),
+                     reinterpret_cast<std::uintptr_t>(bring_stream_.stream()));
     bring_entries(v.tensors, bring_stream_);
     v.staged = true;
     v.staged_backward = backward;
@@ -268,7 +285,7 @@ void StreamExecutor::grads_ready(int unit, bool send_home) {
                 "tensors; torch_uvm streams gradients that own their memory");
     int& gid = u.grads[k];
     if (gid < 0) {
-      gid = add_entry(g, StreamedTensor::Memory::kSlot);
+      gid = add_entry(g, StreamedTensor::Memory::kSlot, u.name + ".grad");
       carry_out(budget_.admit(device_.index(), key(gid), g.nbytes(), true, share_, false));
     } else {
       Entry& e = entries_[gid];
@@ -304,6 +321,11 @@ void StreamExecutor::bring(const std::vector<at::Tensor>& tensors) {
     const int id = entry_for(t);
     if (id >= 0 && entries_[id].tensor->has_target()) ids.push_back(id);
   }
+  note_compute();  // a step may run on a stream of its own (step_in_backward)
+  std::size_t bytes = 0;
+  for (int id : ids) bytes += entries_[id].tensor->nbytes();
+  TraceScope scope("bring_for_step", ids.empty() ? "" : entries_[ids.front()].name, bytes,
+                   reinterpret_cast<std::uintptr_t>(bring_stream_.stream()));
   bring_entries(ids, bring_stream_);
   wait_ready(ids);
   step_held_.insert(step_held_.end(), ids.begin(), ids.end());
@@ -319,7 +341,7 @@ void StreamExecutor::step_done(const std::vector<at::Tensor>& tensors,
           t.storage().nbytes() != static_cast<std::size_t>(t.nbytes())) {
         continue;
       }
-      id = add_entry(t, StreamedTensor::Memory::kSlot);
+      id = add_entry(t, StreamedTensor::Memory::kSlot, "optimizer state");
       carry_out(budget_.admit(device_.index(), key(id), t.nbytes(), true, share_, false));
     }
     ids.push_back(id);

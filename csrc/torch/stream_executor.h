@@ -36,15 +36,16 @@ class StreamExecutor {
   ~StreamExecutor();
 
   // A submodule: `targets` are its parameters and buffers (CUDA tensors
-  // over managed memory, their homes), `trainable` the parameters whose
+  // over pinned homes: pinned_home.h), `trainable` the parameters whose
   // gradients it streams. A tensor shared by two submodules (tied weights)
   // is one streamed tensor. Returns the unit's index.
   int add_unit(const std::string& name, const std::vector<at::Tensor>& targets,
                const std::vector<at::Tensor>& trainable);
 
   // After the first forward (which ran the units on demand, in the order
-  // noted by before()): decides the resident prefix of that order
-  // (plan_resident, with `window` bytes kept for streaming) and brings it.
+  // noted by before()): decides the resident prefix of that order (its
+  // suffix when read in place for inference; plan_resident, with `window`
+  // bytes kept for streaming) and brings it.
   // `training`: the forward is followed by a backward, not by the next
   // forward, so it does not wrap round.
   void plan(std::size_t window, bool training);
@@ -69,7 +70,8 @@ class StreamExecutor {
   void discard_grads(int unit);
 
   // For an optimizer step: `tensors` (weights, gradients, states of the
-  // known ones) on the GPU for the compute stream, held until step_done.
+  // known ones) on the GPU for the compute stream (the current one: the step
+  // may run on a stream of its own), held until step_done.
   void bring(const std::vector<at::Tensor>& tensors);
   // The step is queued: `written` were written by it; tensors it made
   // (new optimizer states, on the GPU) are adopted into the budget. All of
@@ -95,6 +97,7 @@ class StreamExecutor {
  private:
   struct Entry {
     std::unique_ptr<StreamedTensor> tensor;
+    std::string name;     // in traces: its submodule's, or "<submodule>.grad"
     int holds = 0;        // passes and steps using it now: never evicted
     bool pinned = false;  // a resident unit's
   };
@@ -111,11 +114,12 @@ class StreamExecutor {
   };
 
   c10::cuda::CUDAStream compute() const;
+  void note_compute();  // the current stream is one the slots are used on
   std::uintptr_t key(int id) const {
     return reinterpret_cast<std::uintptr_t>(entries_[id].tensor.get());
   }
   int entry_for(const at::Tensor& t) const;  // -1 if unknown
-  int add_entry(const at::Tensor& target, StreamedTensor::Memory memory);
+  int add_entry(const at::Tensor& target, StreamedTensor::Memory memory, std::string name);
   void hold(int id);
   void release(int id);
   // Admits and brings `ids` on `stream` (one ready event), holding each.

@@ -5,8 +5,8 @@
 
 #include <atomic>
 
-#include "torch/managed_allocator.h"
-#include "torch/managed_tensor.h"
+#include "torch/pinned_home.h"
+#include "torch/slot_memory.h"
 #include "torch/state.h"
 #include "torch_uvm/torch_uvm.h"
 
@@ -14,7 +14,7 @@ namespace torch_uvm {
 namespace {
 
 std::atomic<int> g_to_gpu{static_cast<int>(CopyBy::kCopyEngine)};
-std::atomic<int> g_home{static_cast<int>(CopyBy::kKernel)};
+std::atomic<int> g_home{static_cast<int>(CopyBy::kCopyEngine)};
 
 StreamRef ref(const c10::cuda::CUDAStream& s) {
   return {s.device_index(), reinterpret_cast<std::uintptr_t>(s.stream())};
@@ -42,7 +42,7 @@ at::Tensor words(void* p, std::size_t bytes, at::ScalarType t, c10::Device devic
 }
 
 void record_stream(const c10::Storage& s, const c10::cuda::CUDAStream& stream) {
-  c10::cuda::CUDACachingAllocator::recordStream(s.data_ptr(), stream);
+  record_slot_stream(s, stream);
 }
 
 // The memory `target`'s storage has now, as a storage of its own (target's
@@ -55,19 +55,6 @@ c10::Storage take_memory(const at::Tensor& target) {
                       /*allocator=*/nullptr, /*resizable=*/false);
 }
 
-// Pages on the CPU, mapped for the GPU: read and written in place over
-// PCIe, never migrated. Set once per home (advice on populated pages costs
-// about 16 ms per GiB), never per trip.
-void advise_home(const c10::Storage& home, DeviceIndex gpu) {
-  if (!managed_hints_supported() || home.nbytes() == 0) return;
-  translate_errors([&] {
-    Runtime& rt = allocator().runtime();
-    rt.advise(home.data(), home.nbytes(), Advice::kUnsetReadMostly, gpu);
-    rt.advise(home.data(), home.nbytes(), Advice::kSetPreferredLocation, kCpuDevice);
-    rt.advise(home.data(), home.nbytes(), Advice::kSetAccessedBy, gpu);
-  });
-}
-
 }  // namespace
 
 CopyMechanisms copy_mechanisms() {
@@ -77,6 +64,13 @@ CopyMechanisms copy_mechanisms() {
 void set_copy_mechanisms(CopyMechanisms m) {
   g_to_gpu = static_cast<int>(m.to_gpu);
   g_home = static_cast<int>(m.home);
+}
+
+bool record_stream_of_streamed(const c10::DataPtr& memory, c10::cuda::CUDAStream stream) {
+  if (memory.get_deleter() != &release_storage) return false;
+  const auto& now = *static_cast<const c10::Storage*>(memory.get_context());
+  if (!is_pinned_home(now.data_ptr())) record_slot_stream(now, stream);  // a home stays
+  return true;
 }
 
 void point_at(const at::Tensor& target, const c10::Storage& memory) {
@@ -93,9 +87,9 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes, c10::Device devic
                 c10::cuda::CUDAStream stream, CopyBy by) {
   if (bytes == 0) return;
   if (by == CopyBy::kCopyEngine) {
-    translate_errors([&] {
+    translate_errors([&] {  // a home is host memory: the runtime tells which way
       allocator().runtime().copy(dst, src, bytes, ref(stream), /*synchronous=*/false,
-                                 CopyKind::kDeviceToDevice);
+                                 CopyKind::kAny);
     });
     return;
   }
@@ -115,12 +109,10 @@ StreamedTensor::StreamedTensor(at::Tensor target, Memory memory)
     adopt();
     return;
   }
-  auto where = managed_allocation(target_);
-  TORCH_CHECK(where.has_value() && where->home == kCpuDevice,
-              "torch_uvm: a streamed tensor's home must be managed memory homed on the CPU");
+  TORCH_CHECK(is_pinned_home(target_.storage().data_ptr()),
+              "torch_uvm: a streamed tensor's home must be pinned host memory (pinned_home)");
   home_ = take_memory(target_);
   point_at(target_, home_);
-  advise_home(home_, target_.device().index());
   version_ = version();
 }
 
@@ -133,23 +125,15 @@ std::int64_t StreamedTensor::version() const {
 bool StreamedTensor::changed() const { return version() != version_; }
 
 void StreamedTensor::make_home() {
-  at::DataPtr memory = ManagedAllocator::for_device(c10::Device(c10::kCPU))->allocate(nbytes_);
-  home_ = c10::Storage(c10::Storage::use_byte_size_t(), nbytes_, std::move(memory),
-                       /*allocator=*/nullptr, /*resizable=*/false);
+  home_ = make_pinned_home(nbytes_, target_.device());
   own_home_ = true;
-  advise_home(home_, target_.device().index());
 }
 
 void StreamedTensor::bring(c10::cuda::CUDAStream stream) {
   if (in_slot()) return;
   TORCH_INTERNAL_ASSERT(has_home(), "torch_uvm: a streamed tensor has no home to come from");
   home_written_.block(ref(stream));
-  {
-    c10::cuda::CUDAStreamGuard guard(stream);  // the slot belongs to `stream`'s pool
-    slot_ = at::empty({static_cast<int64_t>(nbytes_)},
-                      at::TensorOptions().dtype(at::kByte).device(target_.device()))
-                .storage();
-  }
+  slot_ = allocate_slot(nbytes_, stream);  // `stream`'s, first
   copy_bytes(slot_.mutable_data(), home_.data(), nbytes_, target_.device(), stream,
              copy_mechanisms().to_gpu);
   point_at(target_, slot_);

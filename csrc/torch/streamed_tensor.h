@@ -1,14 +1,14 @@
 // Where a streamed tensor arrives on a GPU and leaves it.
 //
 // A streamed tensor (an offloaded weight, its gradient, an optimizer state)
-// lives in its home: managed memory whose pages stay on the CPU (preferred
-// location CPU, mapped for the GPU), which kernels can also read in place
-// over PCIe. While its submodule runs it lives in a slot: GPU memory from
-// PyTorch's CUDA allocator (torch_uvm's, with UVM on), filled from the home
-// by a copy. A written slot goes home by a copy into the home's pages. Both
-// copies run at the link's speed (49-51 GB/s on an H100), where the driver's
-// migration of written pages to the CPU runs at 9-18 (benchmarks/results/
-// *-s9-mechanisms.md).
+// lives in its home: pinned host memory mapped for the GPU (pinned_home.h),
+// which kernels can also read in place over PCIe. While its submodule runs
+// it lives in a slot: device memory (slot_memory.h), filled from the home by
+// a copy engine. A written slot goes home by a copy engine too. Both
+// directions run at the link's speed at once and beside kernels (86 GB/s
+// together on an H100), where managed memory on either side of a copy gave
+// 51 together and the driver's migration of written pages to the CPU 9-18
+// (benchmarks/results/2026-11-23-h100-s10-mechanisms-uvm-*.log).
 //
 // The tensor the user's code holds never changes identity: its storage is
 // pointed at the slot or at the home (point_at), so views of it, autograd's
@@ -28,14 +28,15 @@
 namespace torch_uvm {
 
 // How bytes cross the link: the copy engine (cudaMemcpyAsync), or a kernel
-// that reads or writes the home's pages in place. Managed pages copied both
-// ways at once by copy engines take turns; a kernel's PCIe traffic overlaps
-// the other direction (benchmarks/results/*-s9-mechanisms.md, slot_both).
+// that reads or writes the home's pages in place. Copy engines move pinned
+// homes both ways at once beside kernels; a kernel copy holds SMs while it
+// waits on PCIe (benchmarks/results/*-s10-mechanisms-uvm-*.log, slot_both,
+// contention).
 enum class CopyBy { kCopyEngine = 0, kKernel = 1 };
 
 struct CopyMechanisms {
   CopyBy to_gpu = CopyBy::kCopyEngine;
-  CopyBy home = CopyBy::kKernel;
+  CopyBy home = CopyBy::kCopyEngine;
 };
 // Process-wide; set_copy_mechanisms is for benchmarks comparing them.
 CopyMechanisms copy_mechanisms();
@@ -45,6 +46,11 @@ void set_copy_mechanisms(CopyMechanisms m);
 // then keeps alive. Every tensor sharing target's storage sees the change.
 void point_at(const at::Tensor& target, const c10::Storage& memory);
 
+// A user's record_stream on a streamed tensor (its storage points at a slot
+// or a home): the slot is kept from reuse until `stream` passes. False if
+// `memory` is not a streamed tensor's.
+bool record_stream_of_streamed(const c10::DataPtr& memory, c10::cuda::CUDAStream stream);
+
 // Copies `bytes` from `src` to `dst` on `stream` by `by`; either side may be
 // GPU memory or a home's pages.
 void copy_bytes(void* dst, const void* src, std::size_t bytes, c10::Device device,
@@ -53,7 +59,7 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes, c10::Device devic
 class StreamedTensor {
  public:
   // `target`: a CUDA tensor at offset 0 of its own storage, whose memory is
-  // either its home (managed, homed on the CPU: an offloaded weight) or
+  // either its home (pinned_home_copy's: an offloaded weight) or
   // GPU memory it already has (a new gradient, a new optimizer state),
   // which becomes its slot; a home is made when it first goes home.
   enum class Memory { kHome, kSlot };

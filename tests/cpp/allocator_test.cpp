@@ -167,6 +167,20 @@ TEST_P(AllocatorTest, CapIsNeverExceededAndOomNamesRequestAndCap) {
   alloc().free(b);
 }
 
+TEST_P(AllocatorTest, GpuMemoryHeldOutsideThePoolCountsAgainstTheCap) {
+  alloc().set_cap(40 * kMiB);
+  ASSERT_TRUE(alloc().reserve_outside(24 * kMiB));   // streamed slots, say
+  EXPECT_THROW(alloc().allocate(20 * kMiB, 0, kStream0), OutOfMemoryError);
+  void* a = alloc().allocate(12 * kMiB, 0, kStream0);
+  EXPECT_FALSE(alloc().reserve_outside(8 * kMiB));   // nor the other way round
+  EXPECT_EQ(alloc().outside_bytes(), 24 * kMiB);
+  alloc().release_outside(24 * kMiB);
+  EXPECT_TRUE(alloc().reserve_outside(8 * kMiB));
+  alloc().release_outside(8 * kMiB);
+  EXPECT_EQ(alloc().outside_bytes(), 0u);
+  alloc().free(a);
+}
+
 TEST_P(AllocatorTest, OomReleasesCachedSegmentsOfOtherStreamsAndRetries) {
   auto streams = GetParam().streams(2);
   alloc().set_cap(40 * kMiB);

@@ -41,22 +41,26 @@ def run_script(path, code: str, env: dict = None, timeout: int = 300) -> subproc
                           capture_output=True, text=True, timeout=timeout)
 
 
+def _cudart():
+    """The CUDA runtime library torch loaded."""
+    import ctypes
+    import glob
+    for name in ["libcudart.so.13", "libcudart.so.12", "libcudart.so"] + sorted(
+            glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib",
+                                   "libcudart.so*"))):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    raise AssertionError("libcudart not found")
+
+
 def range_attribute(tensor: torch.Tensor, attribute: int) -> int:
     """cudaMemRangeGetAttribute over the tensor's bytes, read straight from the
     CUDA runtime: 1 read-mostly, 2 preferred location, 4 last prefetch
     location (a device, or -1 for the CPU)."""
     import ctypes
-    import glob
-    lib = None
-    for name in ["libcudart.so.13", "libcudart.so.12", "libcudart.so"] + sorted(
-            glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib",
-                                   "libcudart.so*"))):
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError:
-            continue
-    assert lib is not None, "libcudart not found"
+    lib = _cudart()
     value = ctypes.c_int(-7)
     nbytes = tensor.numel() * tensor.element_size()
     err = lib.cudaMemRangeGetAttribute(ctypes.byref(value), ctypes.c_size_t(4), ctypes.c_int(attribute),
@@ -66,6 +70,34 @@ def range_attribute(tensor: torch.Tensor, attribute: int) -> int:
 
 
 READ_MOSTLY, PREFERRED_LOCATION, LAST_PREFETCH_LOCATION = 1, 2, 4
+
+
+def memory_type(tensor: torch.Tensor) -> str:
+    """The kind of a tensor's memory, asked of the CUDA runtime: "host"
+    (pinned), "device" or "managed"."""
+    import ctypes
+
+    class Attributes(ctypes.Structure):
+        _fields_ = [("type", ctypes.c_int), ("device", ctypes.c_int),
+                    ("device_pointer", ctypes.c_void_p), ("host_pointer", ctypes.c_void_p),
+                    ("reserved", ctypes.c_byte * 256)]   # newer runtimes' fields, room to spare
+    attributes = Attributes()
+    err = _cudart().cudaPointerGetAttributes(ctypes.byref(attributes),
+                                             ctypes.c_void_p(tensor.data_ptr()))
+    assert err == 0, f"cudaPointerGetAttributes failed: {err}"
+    kind = {1: "host", 2: "device", 3: "managed"}.get(attributes.type)
+    assert kind is not None, f"unregistered memory (type {attributes.type})"
+    return kind
+
+
+def where(tensor: torch.Tensor) -> str:
+    """Where a tensor's memory is, asked of the CUDA runtime: "gpu" for
+    device memory or managed memory preferring a GPU, "host" for pinned host
+    memory (a streamed tensor's home) or managed memory preferring the CPU."""
+    kind = memory_type(tensor)
+    if kind == "managed":
+        return "gpu" if range_attribute(tensor, PREFERRED_LOCATION) >= 0 else "host"
+    return {"device": "gpu"}.get(kind, kind)
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,8 @@ import weakref
 import pytest
 import torch
 
-from conftest import (LAST_PREFETCH_LOCATION, PREFERRED_LOCATION, READ_MOSTLY, gpu,
-                      range_attribute, run_python)
+from conftest import (LAST_PREFETCH_LOCATION, gpu, memory_type, range_attribute, run_python,
+                      where)
 
 pytestmark = gpu
 MiB = 1 << 20
@@ -76,7 +76,7 @@ def gpu_bytes(model) -> int:
     on the CPU), apart from torch_uvm's accounting."""
     seen = {}
     for t in list(model.parameters()) + list(model.buffers()):
-        if t.numel() and range_attribute(t, PREFERRED_LOCATION) >= 0:
+        if t.numel() and where(t) == "gpu":
             seen[t.data_ptr()] = t.numel() * t.element_size()
     return sum(seen.values())
 
@@ -99,7 +99,7 @@ def test_offloaded_model_matches_all_resident_within_its_budget(uvm, budget):
     before = uvm.residency_stats()
     handle = uvm.offload(model, device="cuda", mode="prefetch")   # the 64 MiB budget
     homes = {id(p): p.data_ptr() for p in model.parameters()}     # where they live off the GPU
-    assert all(p.is_cuda and uvm.is_managed(p) for p in model.parameters())
+    assert all(p.is_cuda and memory_type(p) == "host" for p in model.parameters())  # pinned
     peak, hooks = watch_residency(model)
     with torch.no_grad():
         outs = [model(x) for _ in range(4)]
@@ -117,9 +117,10 @@ def test_offloaded_model_matches_all_resident_within_its_budget(uvm, budget):
     for u in handle.units:                                # where each weight is, by the driver
         w = u.module.weight
         if u in resident:
-            assert range_attribute(w, PREFERRED_LOCATION) == 0 and w.data_ptr() != homes[id(w)]
+            # a slot of device memory (managed memory halves the copies' speed)
+            assert memory_type(w) == "device" and w.data_ptr() != homes[id(w)]
         elif handle.executor.bytes_on_gpu(u.index) == 0:
-            assert range_attribute(w, PREFERRED_LOCATION) == -1     # its home, on the CPU
+            assert where(w) == "host" and w.data_ptr() == homes[id(w)]   # its home
     assert "residency.cuda:0.resident_bytes.peak" in uvm.memory_stats()
     for h in hooks:
         h.remove()
@@ -146,7 +147,7 @@ def test_streamed_weights_are_copied_into_gpu_memory_ahead_of_their_use(uvm, bud
             i = streamed.index(unit)
             w = unit.module.weight
             nxt = streamed[(i + 1) % len(streamed)]
-            seen.append((range_attribute(w, PREFERRED_LOCATION),
+            seen.append((where(w),
                          handle.executor.bytes_on_gpu(nxt.index) == nxt.nbytes,
                          handle.executor.bytes_on_gpu(streamed[i - 2].index)))
         return hook
@@ -158,8 +159,8 @@ def test_streamed_weights_are_copied_into_gpu_memory_ahead_of_their_use(uvm, bud
         h.remove()
     assert torch.equal(out, all_resident_output(x))
     assert len(seen) == len(streamed) >= 3
-    for where, next_ready, two_back in seen:
-        assert where == 0            # the running one reads GPU memory
+    for running, next_ready, two_back in seen:
+        assert running == "gpu"      # the running one reads GPU memory
         assert next_ready            # the next one was brought ahead
         assert two_back == 0         # one that ran two submodules ago has left
     handle.undo()
@@ -193,14 +194,13 @@ def test_offload_failing_half_way_leaves_the_module_as_it_was(uvm, budget, monke
     params = list(model.parameters())
     made = []
 
-    # UVM is on: the CPU weights are managed already, and each is seen on
-    # the GPU through alias_on_device; the third fails
-    def alias_twice_then_fail(t, device, real=uvm._C.alias_on_device):
+    # each weight gets its home in pinned host memory; the third fails
+    def home_twice_then_fail(t, device, real=uvm._C.pinned_home):
         if len(made) == 2:
-            raise RuntimeError("injected: out of managed memory")
+            raise RuntimeError("injected: out of pinnable memory")
         made.append(t)
         return real(t, device)
-    monkeypatch.setattr(uvm._C, "alias_on_device", alias_twice_then_fail)
+    monkeypatch.setattr(uvm._C, "pinned_home", home_twice_then_fail)
     with pytest.raises(RuntimeError, match="injected"):
         uvm.offload(model)
     assert len(made) == 2
@@ -368,6 +368,8 @@ def test_offload_in_place_reads_streamed_weights_where_they_are(uvm, budget):
         # first forward nothing moves, nothing leaves
         resident = handle.resident_units()
         assert len(resident) == budget // (16 * MiB + 8 * 1024)
+        # the last ones in the order: the slow in-place kernels queue first
+        assert handle.units_in_order()[-len(resident):] == resident
         assert after["prefetched_bytes"] == learned["prefetched_bytes"]
         assert after["resident_bytes.current"] <= budget
         for key in ("evictions.drop", "evictions.write_home"):
@@ -375,10 +377,9 @@ def test_offload_in_place_reads_streamed_weights_where_they_are(uvm, budget):
         for u in handle.units:                            # read straight from the runtime
             w = u.module.weight
             if u in resident:
-                assert range_attribute(w, PREFERRED_LOCATION) == 0     # GPU memory
+                assert where(w) == "gpu"               # GPU memory
             else:
-                assert range_attribute(w, PREFERRED_LOCATION) == -1    # home: the CPU
-                assert range_attribute(w, READ_MOSTLY) == 0            # no duplicate
+                assert where(w) == "host"              # home: pinned host memory
         assert gpu_bytes(model) == sum(u.nbytes for u in resident)
     finally:
         handle.undo()
@@ -447,7 +448,7 @@ def streamed_bytes_on_gpu(model, optimizer) -> int:
         states = [t for t in optimizer.state.get(p, {}).values()
                   if isinstance(t, torch.Tensor) and t.is_cuda and t.nbytes >= 64 << 10]
         for t in [p] + ([p.grad] if p.grad is not None else []) + states:
-            if range_attribute(t, PREFERRED_LOCATION) >= 0:
+            if where(t) == "gpu":
                 seen[t.data_ptr()] = t.nbytes
     return sum(seen.values())
 
@@ -491,12 +492,14 @@ def test_training_under_a_budget_gives_the_all_resident_losses(uvm, in_backward,
     hooks = [m.register_forward_pre_hook(note) for m in model]
     hooks += [m.register_full_backward_pre_hook(note) for m in model]
     states_at_step = []     # where each state is when the optimizer's own step runs
+    step_streams = set()    # and the stream it runs on
 
     def at_step(opt, *_):
+        step_streams.add(torch.cuda.current_stream().cuda_stream)
         for group in opt.param_groups:
             for p in group["params"]:
                 states_at_step.extend(
-                    range_attribute(t, PREFERRED_LOCATION) for t in opt.state.get(p, {}).values()
+                    where(t) for t in opt.state.get(p, {}).values()
                     if isinstance(t, torch.Tensor) and t.is_cuda and t.nbytes >= 64 << 10)
     hooks.append(optimizer.register_step_pre_hook(at_step))
     after_backward = []
@@ -505,7 +508,7 @@ def test_training_under_a_budget_gives_the_all_resident_losses(uvm, in_backward,
         grads = [p.grad for p in model.parameters()]
         after_backward.append(
             None if in_backward and all(g is None for g in grads) else
-            all(g is not None and range_attribute(g, PREFERRED_LOCATION) == -1 for g in grads))
+            all(g is not None and where(g) == "host" for g in grads))
         note()
     try:
         got = train_steps(model, optimizer, x, between=look)
@@ -521,23 +524,68 @@ def test_training_under_a_budget_gives_the_all_resident_losses(uvm, in_backward,
         assert handle.residency_stats()["resident_bytes.peak"] <= budget
         # written weights and moments went home by a copy
         assert s["evictions.write_home"] > before["evictions.write_home"]
+        ours = torch.cuda.current_stream().cuda_stream
         if in_backward:    # gradients stepped in backward, then died on the GPU
             assert after_backward == [None] * 4
+            # on a stream of their own, beside the backward (which ran on ours)
+            assert len(step_streams) == 1 and ours not in step_streams
             assert s["evictions.discard"] > before["evictions.discard"]
         else:              # gradients complete in backward went home at once
             assert after_backward == [True] * 4
-        # a fused step reads its states in place at home; one of several
-        # passes gets them copied to the GPU first
-        assert len(states_at_step) == 3 * 16 and set(states_at_step) == {-1 if fused else 0}
+            assert step_streams == {ours}
+        # the optimizer's own step finds its states copied to the GPU (a
+        # fused one too: in place over PCIe it would hold the SMs)
+        assert len(states_at_step) == 3 * 16 and set(states_at_step) == {"gpu"}
         states = [t for p in model.parameters() for t in optimizer.state[p].values()
                   if t.is_cuda and t.nbytes >= 64 << 10]
-        assert len(states) == 16 and all(range_attribute(t, PREFERRED_LOCATION) == -1
-                                         for t in states)   # at home between steps
+        assert len(states) == 16 and all(where(t) == "host" for t in states)   # at home between steps
     finally:
         for h in hooks:
             h.remove()
         handle.undo()
     assert "step" not in optimizer.__dict__
+
+
+def test_profiler_traces_name_what_the_offload_moves(uvm, tmp_path):
+    """torch_uvm's own work is in torch.profiler's trace, named by submodule,
+    with its bytes; the copies it queued run on its streams, not the
+    compute stream."""
+    import json
+    from torch.profiler import ProfilerActivity, profile
+    torch.manual_seed(1)
+    x = torch.randn(64, 1024, device="cuda")
+    model = make_model(width=1024)                        # 8 x 4 MiB
+    handle = uvm.offload(model, budget=24 * MiB)
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), fused=True),
+                                        step_in_backward=True)
+    try:
+        train_steps(model, optimizer, x, steps=1)         # learns the order
+        streamed = [u for u in handle.units_in_order() if u not in handle.resident_units()]
+        assert streamed
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                     record_shapes=True) as prof:        # (arguments such as bytes)
+            train_steps(model, optimizer, x, steps=1)
+            torch.cuda.synchronize()
+        path = tmp_path / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+        ours = [e for e in events if e.get("name", "").startswith("torch_uvm::")]
+        names = {e["name"] for e in ours}
+        for u in streamed:                                # brought, each by name
+            assert f"torch_uvm::bring {u.name}" in names
+        assert any(n.startswith("torch_uvm::write_home ") for n in names)
+        brings = [e for e in ours if e["name"] == f"torch_uvm::bring {streamed[-1].name}"]
+        assert brings[0]["args"].get("bytes") == streamed[-1].nbytes
+        # its copies ran on streams other than the kernels' (the only copy
+        # there reads the loss back to the host: a few bytes)
+        compute = torch.cuda.current_stream().cuda_stream
+        copies = {e["args"].get("stream") for e in events
+                  if e.get("cat") == "gpu_memcpy" and e["args"].get("bytes", 0) >= 1 << 20}
+        kernels = {e["args"].get("stream") for e in events if e.get("cat") == "kernel"}
+        assert copies and not copies & {7 if compute == 0 else compute}
+        assert kernels
+    finally:
+        handle.undo()
 
 
 def test_step_in_backward_refuses_a_second_backward_before_the_step(uvm):

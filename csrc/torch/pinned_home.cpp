@@ -1,0 +1,41 @@
+#include "torch/pinned_home.h"
+
+#include <c10/util/Exception.h>
+
+#include "torch/state.h"
+#include "torch_uvm/torch_uvm.h"
+
+namespace torch_uvm {
+namespace {
+
+void free_home(void* ptr) {
+  try {
+    allocator().runtime().free_host(ptr);
+  } catch (...) {  // a deleter must not throw; the memory is lost at worst
+  }
+}
+
+}  // namespace
+
+c10::Storage make_pinned_home(std::size_t bytes, c10::Device device) {
+  TORCH_CHECK(device.is_cuda() && device.has_index(), "torch_uvm: a home is seen on a GPU");
+  void* p = nullptr;
+  translate_errors([&] { p = allocator().runtime().allocate_host(bytes == 0 ? 1 : bytes); });
+  TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr, "torch_uvm: cannot pin ", bytes,
+                   " bytes of host memory for a streamed tensor's home: the host is out of "
+                   "memory it can pin (see ulimit -l). Free host memory, or offload less");
+  return c10::Storage(c10::Storage::use_byte_size_t(), bytes, c10::DataPtr(p, p, &free_home, device),
+                      /*allocator=*/nullptr, /*resizable=*/false);
+}
+
+bool is_pinned_home(const c10::DataPtr& memory) { return memory.get_deleter() == &free_home; }
+
+at::Tensor pinned_home_copy(const at::Tensor& t, c10::Device device) {
+  const auto nbytes = static_cast<std::size_t>(t.numel()) * t.element_size();
+  c10::Storage home = make_pinned_home(nbytes, device);
+  // filled on the CPU: the home is host memory
+  at::from_blob(home.mutable_data(), t.sizes(), t.options().device(c10::kCPU)).copy_(t.cpu());
+  return at::empty({0}, t.options().device(device)).set_(home, 0, t.sizes());
+}
+
+}  // namespace torch_uvm

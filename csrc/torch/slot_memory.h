@@ -1,0 +1,36 @@
+// Where a streamed tensor's slot comes from: GPU device memory, not managed,
+// from PyTorch's own caching allocator, whichever allocator PyTorch uses for
+// other tensors (torch_uvm's, with UVM on). Copy engines move pinned homes
+// to and from device memory at 86 GB/s both ways at once, beside kernels;
+// with managed memory on either side, at 51 together, and kernels wait
+// (benchmarks/results/2026-11-23-h100-s10-mechanisms-uvm-*.log).
+//
+// Slot bytes count against torch_uvm's managed memory cap
+// (CachingManagedAllocator::reserve_outside): slots and the managed pool
+// together never exceed it.
+#pragma once
+
+#include <c10/core/Storage.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cstddef>
+
+namespace torch_uvm {
+
+// install_cuda_slot saves PyTorch's own allocator here before replacing it.
+void set_native_cuda_allocator(c10::cuda::CUDACachingAllocator::CUDAAllocator* native);
+
+// `bytes` of device memory on `stream`'s device, for `stream`'s use first.
+// Throws c10::OutOfMemoryError if they do not fit under the cap or on the GPU.
+c10::Storage allocate_slot(std::size_t bytes, c10::cuda::CUDAStream stream);
+
+// The memory is not reused before `stream` passes this point (a slot's:
+// PyTorch's allocator; any other CUDA memory: the current allocator's).
+void record_slot_stream(const c10::Storage& memory, c10::cuda::CUDAStream stream);
+
+// The slots' freed memory cached by PyTorch's own allocator goes back to the
+// GPU, when that allocator holds nothing else (UVM on).
+void release_cached_slots();
+
+}  // namespace torch_uvm
