@@ -145,6 +145,17 @@ def run(scenario, variant):
             optimizer.step()
             optimizer.zero_grad()
         extra["profile"] = method.profiled(one_step, os.path.join(where, f"{scenario}_{variant}.json"))
+        if uvm:   # and what the residency policy did in one more step: a timeline
+            with torch_uvm.profile() as timeline:
+                one_step()
+                torch.cuda.synchronize()
+            stem = os.path.join(where, f"{scenario}_{variant}_residency")
+            timeline.to_json(stem + ".json")
+            try:
+                timeline.plot(stem + ".png")
+            except RuntimeError as e:      # no matplotlib
+                print(e)
+            extra["residency_peaks"] = timeline.peaks()
     if handle is not None:
         after = handle.residency_stats()
         extra["units_in_order"] = [u.name for u in handle.units_in_order()]

@@ -1,11 +1,19 @@
 #include "core/residency.h"
 
 #include <algorithm>
+#include <chrono>
 #include <mutex>
 
 #include "core/errors.h"
 
 namespace torch_uvm {
+namespace {
+
+ResidencyEvent::Kind left_by(Eviction how) {
+  return how == Eviction::kWriteHome ? ResidencyEvent::kWriteHome : ResidencyEvent::kDrop;
+}
+
+}  // namespace
 
 std::vector<bool> plan_resident(const std::vector<std::size_t>& unit_bytes, std::size_t budget,
                                 std::size_t room, ResidentAt at) {
@@ -122,7 +130,7 @@ void ResidencyBudget::close_share(ShareId share) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = shares_.find(share);
   if (it == shares_.end()) return;
-  while (!it->second.lru.empty()) erase(it->second.lru.begin());
+  while (!it->second.lru.empty()) erase(it->second.lru.begin(), ResidencyEvent::kForget);
   auto& ids = per_device(it->second.device).shares;
   ids.erase(std::remove(ids.begin(), ids.end(), share), ids.end());
   shares_.erase(it);
@@ -140,12 +148,50 @@ std::vector<ShareInfo> ResidencyBudget::shares(DeviceIndex device) const {
   return out;
 }
 
-void ResidencyBudget::erase(Lru::iterator it) {
+void ResidencyBudget::erase(Lru::iterator it, ResidencyEvent::Kind why) {
   Share& s = share_of(it->device, it->share);
   s.stats.resident_bytes -= it->bytes;
   devices_[it->device].stats.resident_bytes -= it->bytes;
+  note(*it, why);
   where_.erase(it->address);
   s.lru.erase(it);
+}
+
+void ResidencyBudget::note(const Range& r, ResidencyEvent::Kind kind) {
+  if (!timeline_) return;
+  auto label = labels_.find(r.address);
+  timeline_->record({std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now().time_since_epoch()).count(),
+                     r.device, r.share, r.address, r.bytes, kind,
+                     share_of(r.device, r.share).stats.resident_bytes,
+                     devices_[r.device].stats.resident_bytes,
+                     label == labels_.end() ? std::string() : label->second});
+}
+
+void ResidencyBudget::label(std::uintptr_t address, std::string name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  labels_[address] = std::move(name);
+}
+
+void ResidencyBudget::unlabel(std::uintptr_t address) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  labels_.erase(address);
+}
+
+void ResidencyBudget::start_timeline(std::size_t capacity) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  timeline_ = std::make_unique<ResidencyTimeline>(capacity);
+}
+
+std::vector<ResidencyEvent> ResidencyBudget::take_timeline(std::size_t* dropped) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<ResidencyEvent> out;
+  if (dropped) *dropped = 0;
+  if (!timeline_) return out;
+  out.assign(timeline_->events().begin(), timeline_->events().end());
+  if (dropped) *dropped = timeline_->dropped();
+  timeline_.reset();
+  return out;
 }
 
 void ResidencyBudget::count_eviction(Share& s, const Range& r, Eviction how) {
@@ -170,7 +216,7 @@ std::vector<EvictionStep> ResidencyBudget::admit(DeviceIndex device, std::uintpt
       it->second = s.lru.insert(s.lru.end(), range);
       return {};
     }
-    erase(it->second);  // elsewhere, or another size: admitted anew
+    erase(it->second, ResidencyEvent::kForget);  // elsewhere, or another size: admitted anew
   }
   std::vector<EvictionStep> steps;
   if (const auto budget = budget_of(s)) {
@@ -193,7 +239,7 @@ std::vector<EvictionStep> ResidencyBudget::admit(DeviceIndex device, std::uintpt
       steps.push_back({it->address, it->bytes, how});
       count_eviction(s, *it, how);
       auto next = std::next(it);
-      erase(it);
+      erase(it, left_by(how));
       it = next;
     }
   }
@@ -204,6 +250,7 @@ std::vector<EvictionStep> ResidencyBudget::admit(DeviceIndex device, std::uintpt
     if (arrives) st->prefetched_bytes += bytes;
     st->peak_resident_bytes = std::max(st->peak_resident_bytes, st->resident_bytes);
   }
+  note(*where_[address], arrives ? ResidencyEvent::kArrive : ResidencyEvent::kAdopt);
   return steps;
 }
 
@@ -224,7 +271,7 @@ void ResidencyBudget::mark_clean(std::uintptr_t address) {
 
 void ResidencyBudget::forget(std::uintptr_t address) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (auto it = where_.find(address); it != where_.end()) erase(it->second);
+  if (auto it = where_.find(address); it != where_.end()) erase(it->second, ResidencyEvent::kForget);
 }
 
 std::optional<Eviction> ResidencyBudget::evict(std::uintptr_t address) {
@@ -234,7 +281,7 @@ std::optional<Eviction> ResidencyBudget::evict(std::uintptr_t address) {
   const Range& r = *it->second;
   const Eviction how = r.written ? Eviction::kWriteHome : Eviction::kDrop;
   count_eviction(share_of(r.device, r.share), r, how);
-  erase(it->second);
+  erase(it->second, left_by(how));
   return how;
 }
 
@@ -247,7 +294,7 @@ void ResidencyBudget::discard(std::uintptr_t address) {
     ++st->discards;
     st->discarded_bytes += r.bytes;
   }
-  erase(it->second);
+  erase(it->second, ResidencyEvent::kDiscard);
 }
 
 bool ResidencyBudget::is_resident(DeviceIndex device, std::uintptr_t address) const {

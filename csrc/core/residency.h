@@ -17,12 +17,14 @@
 #include <cstdint>
 #include <list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "core/residency_timeline.h"
 #include "core/types.h"
 
 namespace torch_uvm {
@@ -128,6 +130,16 @@ class ResidencyBudget {
   ResidencyStats share_stats(ShareId share) const;
   void reset_peak(DeviceIndex device);
 
+  // The name a range shows in a timeline (a submodule's, a tensor's), until
+  // unlabel. Kept for ranges not resident too: they may arrive later.
+  void label(std::uintptr_t address, std::string name);
+  void unlabel(std::uintptr_t address);
+  // Record every arrival and departure, at most `capacity` events (the
+  // oldest go first); a running recording starts anew.
+  void start_timeline(std::size_t capacity);
+  // The recording so far (oldest first) and how many were dropped; stops it.
+  std::vector<ResidencyEvent> take_timeline(std::size_t* dropped = nullptr);
+
  private:
   struct Range {
     DeviceIndex device;
@@ -158,7 +170,9 @@ class ResidencyBudget {
   std::optional<std::size_t> budget_of(const Share& s) const;
   std::string holders(const PerDevice& d) const;
   void count_eviction(Share& s, const Range& r, Eviction how);
-  void erase(Lru::iterator it);
+  // Every change of resident bytes goes through these two, which record it.
+  void erase(Lru::iterator it, ResidencyEvent::Kind why);
+  void note(const Range& r, ResidencyEvent::Kind kind);
 
   mutable std::mutex mutex_;
   std::map<DeviceIndex, PerDevice> devices_;
@@ -166,6 +180,8 @@ class ResidencyBudget {
   std::unordered_map<ShareId, Share> shares_;
   ShareId next_share_ = 1;
   std::unordered_map<std::uintptr_t, Lru::iterator> where_;
+  std::unordered_map<std::uintptr_t, std::string> labels_;
+  std::unique_ptr<ResidencyTimeline> timeline_;  // while recording
 };
 
 }  // namespace torch_uvm

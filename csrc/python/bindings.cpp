@@ -147,6 +147,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("is_resident", &ResidencyBudget::is_resident)
       .def("is_busy", &ResidencyBudget::is_busy)
       .def("reset_peak", &ResidencyBudget::reset_peak)
+      .def("label", &ResidencyBudget::label)
+      .def("unlabel", &ResidencyBudget::unlabel)
+      .def("start_timeline", &ResidencyBudget::start_timeline)
+      .def("take_timeline", [](ResidencyBudget& b) {
+        std::size_t dropped = 0;
+        py::list out;
+        for (const ResidencyEvent& e : b.take_timeline(&dropped)) {
+          py::dict d;
+          d["time_ns"] = e.time_ns;
+          d["device"] = static_cast<int>(e.device);
+          d["share"] = e.share;
+          d["address"] = e.address;
+          d["bytes"] = e.bytes;
+          d["kind"] = kind_name(e.kind);
+          d["share_resident"] = e.share_resident;
+          d["device_resident"] = e.device_resident;
+          d["label"] = e.label;
+          out.append(d);
+        }
+        return py::make_tuple(out, dropped);
+      })
       .def("stats", [stats_dict](const ResidencyBudget& b, int device) {
         return stats_dict(b.stats(device));
       })

@@ -44,6 +44,7 @@ StreamExecutor::~StreamExecutor() {
   streams.push_back(bring_stream_);
   streams.push_back(home_stream_);
   for (Entry& e : entries_) {
+    budget_.unlabel(reinterpret_cast<std::uintptr_t>(e.tensor.get()));
     try {
       e.tensor->let_go(streams);
     } catch (...) {
@@ -72,6 +73,7 @@ int StreamExecutor::add_entry(const at::Tensor& target, StreamedTensor::Memory m
   Entry e;
   e.tensor = std::make_unique<StreamedTensor>(target, memory);
   e.name = std::move(name);
+  budget_.label(reinterpret_cast<std::uintptr_t>(e.tensor.get()), e.name);  // in timelines
   entries_.push_back(std::move(e));
   const int id = static_cast<int>(entries_.size()) - 1;
   by_target_[target.unsafeGetTensorImpl()] = id;
@@ -334,6 +336,13 @@ void StreamExecutor::bring(const std::vector<at::Tensor>& tensors) {
 void StreamExecutor::step_done(const std::vector<at::Tensor>& tensors,
                                const std::vector<at::Tensor>& written) {
   std::vector<int> ids;
+  std::string owner = "optimizer";  // new states are named by the step's first weight
+  for (const at::Tensor& t : tensors) {
+    if (const int id = entry_for(t); id >= 0) {
+      owner = entries_[id].name;
+      break;
+    }
+  }
   for (const at::Tensor& t : tensors) {
     int id = entry_for(t);
     if (id < 0) {  // made by the step (an optimizer state): on the GPU now
@@ -341,7 +350,7 @@ void StreamExecutor::step_done(const std::vector<at::Tensor>& tensors,
           t.storage().nbytes() != static_cast<std::size_t>(t.nbytes())) {
         continue;
       }
-      id = add_entry(t, StreamedTensor::Memory::kSlot, "optimizer state");
+      id = add_entry(t, StreamedTensor::Memory::kSlot, owner + ".state");
       carry_out(budget_.admit(device_.index(), key(id), t.nbytes(), true, share_, false));
     }
     ids.push_back(id);

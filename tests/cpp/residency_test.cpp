@@ -1,6 +1,9 @@
 // The residency budget's policy: what is evicted, in which order, and how.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "core/errors.h"
 #include "core/residency.h"
 
@@ -170,6 +173,45 @@ TEST(Residency, DeadRangesAreDiscardedAndCounted) {
   EXPECT_EQ(s.discarded_bytes, kMiB);
   EXPECT_EQ(s.resident_bytes, 0u);
   EXPECT_EQ(s.evictions[1], 0u);
+}
+
+TEST(Residency, ATimelineRecordsEveryArrivalAndDepartureInOrder) {
+  ResidencyBudget b;
+  b.admit(0, 0x9000, kMiB, false);                 // before the recording: not in it
+  b.start_timeline(100);
+  const ShareId share = b.open_share(0, 2 * kMiB, "Model", 64 * kMiB);
+  b.label(0x1000, "layers.0");
+  b.admit(0, 0x1000, kMiB, false, share);                       // arrives
+  b.admit(0, 0x2000, kMiB, true, share, /*arrives=*/false);     // made on the GPU
+  b.admit(0, 0x3000, kMiB, false, share);          // evicts 0x1000 (clean): a drop
+  b.evict(0x2000);                                 // written: goes home
+  b.discard(0x3000);
+  b.forget(0x9000);
+  std::size_t dropped = 99;
+  const auto events = b.take_timeline(&dropped);
+  EXPECT_EQ(dropped, 0u);
+  std::vector<std::string> kinds;
+  for (const auto& e : events) kinds.push_back(kind_name(e.kind));
+  EXPECT_EQ(kinds, (std::vector<std::string>{"arrive", "adopt", "drop", "arrive", "write_home",
+                                             "discard", "forget"}));
+  EXPECT_EQ(events[0].label, "layers.0");
+  EXPECT_EQ(events[2].label, "layers.0");
+  EXPECT_EQ(events[2].share, share);
+  EXPECT_EQ(events[1].share_resident, 2 * kMiB);   // the share's bytes after each
+  EXPECT_EQ(events[2].share_resident, kMiB);
+  EXPECT_EQ(events[3].share_resident, 2 * kMiB);
+  EXPECT_EQ(events[3].device_resident, 3 * kMiB);  // the batch at 0x9000 too
+  EXPECT_EQ(events[6].device_resident, 0u);
+  for (std::size_t i = 1; i < events.size(); ++i) {
+    EXPECT_GE(events[i].time_ns, events[i - 1].time_ns);
+  }
+  EXPECT_TRUE(b.take_timeline().empty());          // stopped
+  b.start_timeline(2);                             // a bounded ring: the oldest go
+  for (std::uintptr_t a = 0x1000; a < 0x5000; a += 0x1000) b.admit(0, a, kMiB, false);
+  const auto last = b.take_timeline(&dropped);
+  EXPECT_EQ(dropped, 2u);
+  ASSERT_EQ(last.size(), 2u);
+  EXPECT_EQ(last[0].address, 0x3000u);
 }
 
 TEST(Residency, TheResidentPrefixOrSuffixIsWhatFitsTheRoomInOrder) {

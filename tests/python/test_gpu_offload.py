@@ -588,6 +588,32 @@ def test_profiler_traces_name_what_the_offload_moves(uvm, tmp_path):
         handle.undo()
 
 
+def test_a_profile_of_an_offloaded_model_names_its_submodules(uvm, budget):
+    """torch_uvm.profile's timeline: every streamed submodule arrives by name,
+    and the share's peak in it is the budget's accounting, within budget."""
+    x = torch.randn(16, 2048, device="cuda")
+    model = make_model()
+    handle = uvm.offload(model, mode="prefetch")
+    device = torch.cuda.current_device()
+    try:
+        with torch.no_grad():
+            model(x)                                      # learns the order
+        torch.cuda.synchronize()
+        uvm._C.residency_budget().reset_peak(device)
+        with uvm.profile() as p:
+            with torch.no_grad():
+                model(x)
+        events = p.timeline()
+        streamed = [u.name for u in handle.units_in_order() if u not in handle.resident_units()]
+        arrived = [e["label"] for e in events if e["kind"] == "arrive"]
+        assert streamed and set(streamed) <= set(arrived)
+        assert {e["holder"] for e in events} == {"Sequential"}
+        peak = p.peaks()[f"cuda:{device} Sequential"]
+        assert peak == handle.residency_stats()["resident_bytes.peak"] <= budget
+    finally:
+        handle.undo()
+
+
 def test_step_in_backward_refuses_a_second_backward_before_the_step(uvm):
     x = torch.randn(16, 1024, device="cuda")
     model = make_model(layers=4, width=1024)

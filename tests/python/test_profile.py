@@ -1,0 +1,90 @@
+"""torch_uvm.profile (issue 22): the residency timeline, its summary, peaks,
+JSON and plot. Driven through the residency policy itself (the process-wide
+budget the streaming engine uses), so it runs without a GPU; the GPU test of
+an offloaded model's timeline is in test_gpu_offload.py."""
+import json
+import warnings
+
+import pytest
+
+import torch_uvm
+from torch_uvm import _C
+
+MiB = 1 << 20
+A, B, C = 0x7E0000001000, 0x7E0000002000, 0x7E0000003000   # addresses nobody else uses
+
+
+@pytest.fixture
+def budget():
+    b = _C.residency_budget()
+    b.set_limit(0, 3 * MiB)
+    b.label(A, "layers.0")
+    b.label(B, "layers.1")
+    yield b
+    for address in (A, B, C):
+        b.forget(address)
+        b.unlabel(address)
+    b.set_limit(0, None)
+
+
+def steps(b):
+    b.admit(0, A, MiB, False)
+    b.admit(0, B, 2 * MiB, True)        # written on the GPU
+    b.admit(0, C, MiB, False)           # past the 3 MiB limit: A, the oldest, leaves
+    b.evict(B)                          # written: it goes home
+    b.discard(C)                        # died
+
+
+def test_a_profile_records_what_arrived_and_left_by_name(budget):
+    with torch_uvm.profile() as p:
+        steps(budget)
+    events = p.timeline()
+    assert [e["kind"] for e in events] == ["arrive", "arrive", "drop", "arrive", "write_home",
+                                           "discard"]
+    assert [e["label"] for e in events[:3]] == ["layers.0", "layers.1", "layers.0"]
+    assert {e["holder"] for e in events} == {"batches"}
+    assert [e["share_resident"] // MiB for e in events] == [1, 3, 2, 3, 1, 0]
+    assert all(0 <= a["time_s"] <= b["time_s"] for a, b in zip(events, events[1:]))
+    assert p.peaks()["cuda:0"] == 3 * MiB <= budget.limit(0)
+    totals = p.totals()
+    assert totals[(0, "batches", "layers.1")]["write_home"] == 2 * MiB
+    assert totals[(0, "batches", "layers.0")]["drop"] == MiB
+    assert totals[(0, "batches", "(unnamed)")]["discard"] == MiB
+    table = p.summary()
+    assert "layers.0" in table and "layers.1" in table and "| cuda:0 | 3.0 | 3.0 |" in table
+
+
+def test_outside_a_profile_nothing_is_recorded(budget):
+    steps(budget)
+    with torch_uvm.profile() as p:
+        pass
+    assert p.timeline() == []
+    assert budget.take_timeline() == ([], 0)          # and the recording stopped
+
+
+def test_a_profile_writes_json_and_a_plot(budget, tmp_path):
+    with torch_uvm.profile() as p:
+        steps(budget)
+    p.to_json(str(tmp_path / "r.json"))
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert len(data["events"]) == 6 and data["peaks"]["cuda:0"] == 3 * MiB
+    assert data["limits"]["cuda:0"] == 3 * MiB
+    pytest.importorskip("matplotlib")
+    p.plot(str(tmp_path / "r.png"))
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_profile_bad_input_and_overflow(budget):
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="capacity"):
+            torch_uvm.profile(bad)
+    with torch_uvm.profile():
+        with pytest.raises(RuntimeError, match="already recording"):
+            with torch_uvm.profile():
+                pass
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch_uvm.profile(capacity=2) as p:
+            steps(budget)
+    assert p.dropped == 4 and [e["kind"] for e in p.timeline()] == ["write_home", "discard"]
+    assert any("dropped" in str(w.message) for w in caught)
