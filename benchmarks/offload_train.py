@@ -144,15 +144,20 @@ def run(scenario, variant):
             loss_fn(model, x).backward()
             optimizer.step()
             optimizer.zero_grad()
-        extra["profile"] = method.profiled(one_step, os.path.join(where, f"{scenario}_{variant}.json"))
-        if uvm:   # and what the residency policy did in one more step: a timeline
-            with torch_uvm.profile() as timeline:
+        trace = os.path.join(where, f"{scenario}_{variant}.json")
+        recorded = {}
+
+        def step_recorded():   # torch_uvm's residency timeline of the same step
+            with torch_uvm.profile() as recorded["timeline"]:
                 one_step()
                 torch.cuda.synchronize()
-            stem = os.path.join(where, f"{scenario}_{variant}_residency")
-            timeline.to_json(stem + ".json")
+        extra["profile"] = method.profiled(step_recorded if uvm else one_step, trace)
+        if uvm:
+            timeline, stem = recorded["timeline"], trace[:-len(".json")]
+            timeline.export_chrome_trace(stem + "_with_residency.json", merge_with=trace)
+            timeline.to_json(stem + "_residency.json")
             try:
-                timeline.plot(stem + ".png")
+                timeline.plot(stem + "_residency.png")
             except RuntimeError as e:      # no matplotlib
                 print(e)
             extra["residency_peaks"] = timeline.peaks()

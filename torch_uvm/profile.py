@@ -6,6 +6,7 @@ block of code ran.
     print(p.summary())            # per submodule / tensor: bytes in, out by how
     p.plot("residency.png")       # resident bytes over time against budgets and limits
     p.to_json("residency.json")   # the same data
+    p.export_chrome_trace("uvm.json", merge_with="torch_trace.json")   # beside the kernels
 
 Every range that arrived on a GPU or left it is an event: ``arrive`` (brought
 to the GPU), ``adopt`` (made on the GPU and counted, a gradient), ``drop``
@@ -49,7 +50,7 @@ class Profile:
         self.holders: Dict[int, str] = {0: "batches"}       # share -> who holds it
         self.budgets: Dict[str, int] = {}                   # "cuda:N holder" -> its budget
         self.limits: Dict[int, Optional[int]] = {}          # GPU -> its residency limit
-        self._start_ns = 0
+        self._start_ns = self._start_epoch_ns = 0
 
     def _note_shares(self, devices) -> None:
         budget = _C.residency_budget()
@@ -65,6 +66,7 @@ class Profile:
             raise RuntimeError("torch_uvm.profile: a profile is already recording; one at a time")
         self._note_shares(range(max(torch.cuda.device_count(), 1)))
         self._start_ns = time.monotonic_ns()     # the same clock as the events'
+        self._start_epoch_ns = time.time_ns()    # torch.profiler's traces count from the epoch
         _C.residency_budget().start_timeline(self.capacity)
         _running = self
         return self
@@ -138,6 +140,37 @@ class Profile:
                        "peaks": self.peaks(),
                        "totals": [{"device": d, "holder": h, "label": l, **row}
                                   for (d, h, l), row in self.totals().items()]}, f, indent=1)
+
+    def export_chrome_trace(self, path: str, merge_with: Optional[str] = None) -> None:
+        """The timeline as a Chrome/Perfetto trace: a counter track of resident
+        MiB per GPU and per share, and an instant event for each departure
+        (named by how it left and what). `merge_with`: a trace that
+        torch.profiler exported (``prof.export_chrome_trace``) of the same
+        run; the events are added to it on its clock, so they line up with
+        its kernels and copies."""
+        base_ns = self._start_epoch_ns
+        data = {"traceEvents": [], "displayTimeUnit": "ms"}
+        if merge_with is not None:
+            with open(merge_with) as f:
+                data = json.load(f)
+            base_ns = int(data.get("baseTimeNanoseconds", 0))
+        offset_us = (self._start_epoch_ns - base_ns) / 1e3
+        ours = []
+        for e in self.events:
+            ts = offset_us + e["time_s"] * 1e6
+            gpu = f"cuda:{e['device']}"
+            ours.append({"ph": "C", "name": f"torch_uvm resident MiB, {gpu}", "pid": "torch_uvm",
+                         "tid": 0, "ts": ts, "args": {"MiB": e["device_resident"] / (1 << 20)}})
+            ours.append({"ph": "C", "name": f"torch_uvm resident MiB, {gpu} {e['holder']}",
+                         "pid": "torch_uvm", "tid": 0, "ts": ts,
+                         "args": {"MiB": e["share_resident"] / (1 << 20)}})
+            if e["kind"] not in ("arrive", "adopt"):
+                ours.append({"ph": "i", "s": "p", "name": f"torch_uvm {e['kind']} {e['label']}",
+                             "pid": "torch_uvm", "tid": 0, "ts": ts,
+                             "args": {"bytes": e["bytes"], "holder": e["holder"]}})
+        data["traceEvents"] = list(data.get("traceEvents", [])) + ours
+        with open(path, "w") as f:
+            json.dump(data, f)
 
     def plot(self, path: str) -> None:
         """A PNG: resident bytes per GPU and per share over the block (steps at

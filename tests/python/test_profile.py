@@ -88,3 +88,29 @@ def test_profile_bad_input_and_overflow(budget):
             steps(budget)
     assert p.dropped == 4 and [e["kind"] for e in p.timeline()] == ["write_home", "discard"]
     assert any("dropped" in str(w.message) for w in caught)
+
+
+def test_the_timeline_merges_into_a_torch_profiler_trace_on_its_clock(budget, tmp_path):
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with torch_uvm.profile() as p:
+            torch.ones(8).add_(1)
+            steps(budget)
+            torch.ones(8).mul_(2)
+    theirs = tmp_path / "torch.json"
+    prof.export_chrome_trace(str(theirs))
+    merged = tmp_path / "merged.json"
+    p.export_chrome_trace(str(merged), merge_with=str(theirs))
+    events = json.loads(merged.read_text())["traceEvents"]
+    ours = [e for e in events if e.get("pid") == "torch_uvm"]
+    assert len([e for e in ours if e["ph"] == "C"]) == 2 * 6
+    assert sorted(e["name"] for e in ours if e["ph"] == "i") == [
+        "torch_uvm discard ", "torch_uvm drop layers.0", "torch_uvm write_home layers.1"]
+    # on torch's clock: between the ops that ran before and after the steps
+    ops = {e["name"]: e for e in events if e.get("name") in ("aten::add_", "aten::mul_")}
+    first, last = min(e["ts"] for e in ours), max(e["ts"] for e in ours)
+    assert ops["aten::add_"]["ts"] - 1e3 <= first <= last <= ops["aten::mul_"]["ts"] + 1e3
+    p.export_chrome_trace(str(tmp_path / "alone.json"))        # or a trace of its own
+    alone = json.loads((tmp_path / "alone.json").read_text())["traceEvents"]
+    assert len(alone) == len(ours) and min(e["ts"] for e in alone) >= 0
