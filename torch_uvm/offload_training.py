@@ -200,10 +200,13 @@ def _step_unit(handle: "Offloaded", optimizer, own, unit: "_Unit", with_grads: b
     if not ids:
         return False
     params = [p for p in unit.trainable if id(p) in ids]
-    grads = [p.grad for p in params] if with_grads else []
+    # held for the step either way: bringing the states may need room, and
+    # gradients not held could be sent home under the step's feet
+    held = [p.grad for p in params]
+    grads = held if with_grads else []
     before = [t for p in params for t in state_tensors(optimizer, p)]
     executor = handle.executor
-    executor.bring(params + grads + before)
+    executor.bring(params + held + before)
     saved = [g["params"] for g in groups]
     try:
         for g, all_params in zip(groups, saved):

@@ -531,11 +531,16 @@ std::size_t CachingManagedAllocator::cap() const {
 }
 
 bool CachingManagedAllocator::reserve_outside(std::size_t bytes) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!cap_.admits(static_cast<std::size_t>(stats_.total().reserved_bytes.all().current) + outside_,
-                   bytes)) {
-    return false;
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto fits = [&] {
+    return cap_.admits(static_cast<std::size_t>(stats_.total().reserved_bytes.all().current) +
+                           outside_, bytes);
+  };
+  if (!fits() && captures_underway_ == 0) {  // as an allocation would: the cache goes first
+    drain_pending_waiting(lock);
+    if (captures_underway_ == 0) release_cached(/*keep=*/0, lock);
   }
+  if (!fits()) return false;
   outside_ += bytes;
   return true;
 }

@@ -147,8 +147,9 @@ class CachingManagedAllocator {
   // GPU memory torch_uvm holds outside its managed pool (streamed tensors'
   // slots, device memory from PyTorch's own caching allocator) counts
   // against the cap as reserved bytes do, so that the two together never
-  // exceed it. reserve_outside takes `bytes` more if they fit (false if
-  // not); release_outside gives them back.
+  // exceed it. reserve_outside takes `bytes` more if they fit, after
+  // releasing the pool's cache if need be (false if they still do not);
+  // release_outside gives them back.
   bool reserve_outside(std::size_t bytes);
   void release_outside(std::size_t bytes);
   std::size_t outside_bytes() const;

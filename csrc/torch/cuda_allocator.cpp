@@ -10,6 +10,7 @@
 #include "core/errors.h"
 #include "torch/prefetch_advise.h"
 #include "torch/state.h"
+#include "torch/slot_memory.h"
 #include "torch/streamed_tensor.h"
 
 namespace torch_uvm {
@@ -107,6 +108,11 @@ void CudaAllocator::copy_data(void* dest, const void* src, std::size_t count) co
 void CudaAllocator::emptyCache(c10::MempoolId_t) {
   // Every released pool's free segments go too; a live pool's never do.
   translate_errors([&] { core_.empty_cache(); });
+  // streamed tensors' slots, cached by PyTorch's own allocator (not while
+  // this thread captures a graph: that allocator waits on its events)
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) {
+    release_cached_slots();
+  }
 }
 
 void CudaAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) {

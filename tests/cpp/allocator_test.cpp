@@ -178,7 +178,11 @@ TEST_P(AllocatorTest, GpuMemoryHeldOutsideThePoolCountsAgainstTheCap) {
   EXPECT_TRUE(alloc().reserve_outside(8 * kMiB));
   alloc().release_outside(8 * kMiB);
   EXPECT_EQ(alloc().outside_bytes(), 0u);
-  alloc().free(a);
+  alloc().free(a);                                   // cached: still reserved
+  EXPECT_GT(stat("reserved_bytes.all.current"), 0);
+  EXPECT_TRUE(alloc().reserve_outside(36 * kMiB));   // the cache is released to make room
+  EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+  alloc().release_outside(36 * kMiB);
 }
 
 TEST_P(AllocatorTest, OomReleasesCachedSegmentsOfOtherStreamsAndRetries) {
