@@ -81,9 +81,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pinned_home", [](const at::Tensor& t, const py::object& device) {
     return pinned_home_copy(t, with_index(device.cast<c10::Device>()));
   });
-  m.def("is_pinned_home", [](const at::Tensor& t) {
-    return t.has_storage() && is_pinned_home(t.storage().data_ptr());
-  });
   m.def("release_cached_slots", &release_cached_slots);
   m.def("alias_on_device", [](const at::Tensor& t, const py::object& device) {
     TORCH_CHECK(is_managed(t), "torch_uvm: only a managed tensor can be seen on another device");

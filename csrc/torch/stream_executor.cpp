@@ -135,8 +135,7 @@ void StreamExecutor::carry_out(const std::vector<EvictionStep>& steps) {
 bool StreamExecutor::leave(int id, bool written) {
   StreamedTensor& t = *entries_[id].tensor;
   written = written || t.changed() || !t.has_home();
-  TraceScope scope(written ? "write_home" : "drop", entries_[id].name, t.nbytes(),
-                   reinterpret_cast<std::uintptr_t>(home_stream_.stream()));
+  TraceScope scope(written ? "write_home" : "drop", entries_[id].name, t.nbytes(), &home_stream_);
   t.leave(written, compute_done_, compute(), home_stream_);
   return written;
 }
@@ -231,8 +230,7 @@ void StreamExecutor::before(int unit, bool backward) {
   if (u.staged) {
     u.staged = false;  // its holds pass to this run
   } else {
-    TraceScope scope("bring", u.name, unit_bytes(unit),
-                     reinterpret_cast<std::uintptr_t>(bring_stream_.stream()));
+    TraceScope scope("bring", u.name, [&] { return unit_bytes(unit); }, &bring_stream_);
     bring_entries(u.tensors, bring_stream_);
   }
   u.held = true;
@@ -261,8 +259,7 @@ void StreamExecutor::stage_next(int unit, bool backward) {
     if (v.resident) continue;
     ++streamed;
     if (v.staged || v.running) continue;
-    TraceScope scope("bring", v.name, unit_bytes(order_[j]),
-                     reinterpret_cast<std::uintptr_t>(bring_stream_.stream()));
+    TraceScope scope("bring", v.name, [&] { return unit_bytes(order_[j]); }, &bring_stream_);
     bring_entries(v.tensors, bring_stream_);
     v.staged = true;
     v.staged_backward = backward;
@@ -324,10 +321,14 @@ void StreamExecutor::bring(const std::vector<at::Tensor>& tensors) {
     if (id >= 0 && entries_[id].tensor->has_target()) ids.push_back(id);
   }
   note_compute();  // a step may run on a stream of its own (step_in_backward)
-  std::size_t bytes = 0;
-  for (int id : ids) bytes += entries_[id].tensor->nbytes();
-  TraceScope scope("bring_for_step", ids.empty() ? "" : entries_[ids.front()].name, bytes,
-                   reinterpret_cast<std::uintptr_t>(bring_stream_.stream()));
+  auto bytes = [&] {
+    std::size_t sum = 0;
+    for (int id : ids) sum += entries_[id].tensor->nbytes();
+    return sum;
+  };
+  static const std::string kNone;
+  TraceScope scope("bring_for_step", ids.empty() ? kNone : entries_[ids.front()].name, bytes,
+                   &bring_stream_);
   bring_entries(ids, bring_stream_);
   wait_ready(ids);
   step_held_.insert(step_held_.end(), ids.begin(), ids.end());

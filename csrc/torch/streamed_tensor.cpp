@@ -41,10 +41,6 @@ at::Tensor words(void* p, std::size_t bytes, at::ScalarType t, c10::Device devic
       .make_tensor();
 }
 
-void record_stream(const c10::Storage& s, const c10::cuda::CUDAStream& stream) {
-  record_slot_stream(s, stream);
-}
-
 // The memory `target`'s storage has now, as a storage of its own (target's
 // storage is left empty: point_at it next).
 c10::Storage take_memory(const at::Tensor& target) {
@@ -161,9 +157,9 @@ void StreamedTensor::leave(bool written, const RuntimeEvent& done,
     copy_bytes(home_.mutable_data(), slot_.data(), nbytes_, target_.device(), home_stream,
                copy_mechanisms().home);
     home_written_.record(ref(home_stream));
-    record_stream(slot_, home_stream);
+    record_slot_stream(slot_, home_stream);
   }
-  record_stream(slot_, compute);
+  record_slot_stream(slot_, compute);
   point_at(target_, home_);
   slot_ = c10::Storage();
 }
@@ -180,12 +176,12 @@ void StreamedTensor::retarget(at::Tensor target) {
 
 void StreamedTensor::let_go(const std::vector<c10::cuda::CUDAStream>& streams) {
   if (!in_slot()) return;
-  for (const auto& s : streams) record_stream(slot_, s);
+  for (const auto& s : streams) record_slot_stream(slot_, s);
   slot_ = c10::Storage();
 }
 
 void StreamedTensor::abandon(c10::cuda::CUDAStream compute) {
-  if (in_slot()) record_stream(slot_, compute);
+  if (in_slot()) record_slot_stream(slot_, compute);
   slot_ = c10::Storage();
   target_ = at::Tensor();
 }
