@@ -33,6 +33,24 @@ from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
+def cupti_include():
+    """The folder of cupti.h (the driver's unified-memory counters,
+    csrc/runtime/um_counters.h): the CUDA toolkit's, or the nvidia-cuda-cupti
+    wheel's that torch depends on. None: the counters say they are missing."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or ""
+    candidates = [os.path.join(home, "include"), os.path.join(home, "extras", "CUPTI", "include")]
+    for spec in ("nvidia.cu13", "nvidia.cuda_cupti", "nvidia.cu12"):
+        try:
+            module = __import__(spec, fromlist=["__path__"])
+            candidates += [os.path.join(p, "include") for p in module.__path__]
+        except ImportError:
+            pass
+    return next((c for c in candidates if os.path.exists(os.path.join(c, "cupti.h"))), None)
+
+
+CUPTI_INCLUDE = cupti_include()
+
+
 def sources():
     files = []
     for folder in ("csrc/core", "csrc/runtime", "csrc/torch", "csrc/python"):
@@ -51,7 +69,9 @@ setup(
         CUDAExtension(
             name="torch_uvm._C",
             sources=sources(),
-            include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "include")],
+            include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "include")]
+            + ([CUPTI_INCLUDE] if CUPTI_INCLUDE else []),
+            define_macros=[("TORCH_UVM_WITH_CUPTI", "1")] if CUPTI_INCLUDE else [],
             extra_compile_args={"cxx": ["-O2"]},
         )
     ],

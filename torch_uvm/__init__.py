@@ -31,7 +31,7 @@ __all__ = [
     "set_memory_cap", "get_memory_cap", "set_release_threshold", "ADVICE",
     "set_residency_limit", "get_residency_limit", "residency_stats", "residency_shares",
     "offload", "prefetching", "evict",
-    "bring", "profile",
+    "bring", "profile", "expect_no_gpu_faults",
 ]
 
 #: The advice names accepted by :func:`advise`.
@@ -266,7 +266,7 @@ def _validate_environment() -> None:
 
 
 from .offload import offload  # noqa: E402
-from .profile import profile  # noqa: E402
+from .profile import expect_no_gpu_faults, profile  # noqa: E402
 from .residency import (bring, evict, get_residency_limit, prefetching,  # noqa: E402
                         residency_shares, residency_stats, set_residency_limit)
 

@@ -18,17 +18,30 @@ share and on the GPU after it. Times are the host's when the policy decided
 (the copy runs on a stream right after). The record is core/residency's
 (csrc/core/residency_timeline.h); it costs nothing outside a profile.
 
+The driver's own counters are recorded beside it (``counters=True``, through
+CUPTI's unified-memory activity records, csrc/runtime/um_counters.h): every
+migration of managed memory each way with its cause (``prefetch``, ``fault``,
+``speculative``, ``eviction``), every GPU and CPU page fault, thrashing and
+throttling, each named by the tensor, submodule or allocation it hit
+(``names=``, then the policy's labels, then the allocator's blocks):
+``driver_events()``, ``driver_totals()``, ``moved(tensor)``,
+``gpu_faults(tensor)``. They count managed memory only: an offloaded model's
+pinned homes and device slots move by copy engine, which torch.profiler's
+trace shows as copies. CUPTI's buffers are one per process, so while
+torch.profiler (or Nsight Systems) records, the counters are not recorded and
+a warning says so; the timeline still is.
+
 torch_uvm's own work also shows in torch.profiler traces (ranges named
 ``torch_uvm::bring <submodule>``, ...): see docs/guide.md, "Seeing what
-moves". The driver's counters (migrations and faults, through CUPTI) are not
-recorded yet.
+moves".
 """
 from __future__ import annotations
 
 import json
 import time
 import warnings
-from typing import Dict, List, Optional, Tuple
+from contextlib import contextmanager
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
@@ -36,6 +49,46 @@ from . import _C
 
 #: The event kinds, in the order the summary shows them.
 KINDS = ("arrive", "adopt", "drop", "write_home", "discard", "forget")
+#: The driver's totals per name (driver_totals), in the order the summary shows them.
+DRIVER_COLUMNS = ("to_gpu_bytes", "prefetched_bytes", "to_host_bytes", "evicted_bytes",
+                  "gpu_faults", "cpu_faults", "thrashing", "throttling", "migration_s")
+
+Names = Union[torch.nn.Module, Dict[str, torch.Tensor], None]
+
+
+def _span(t: torch.Tensor) -> Tuple[int, int]:
+    """The bytes a tensor's storage covers: (address, bytes)."""
+    storage = t.untyped_storage()
+    return storage.data_ptr(), storage.nbytes()
+
+
+def _named_spans(names: Names) -> List[Tuple[int, int, str]]:
+    if names is None:
+        return []
+    if isinstance(names, torch.nn.Module):
+        pairs = list(names.named_parameters(remove_duplicate=True)) + \
+            list(names.named_buffers(remove_duplicate=True))
+    elif isinstance(names, dict):
+        pairs = list(names.items())
+    else:
+        raise TypeError(f"torch_uvm.profile: names must be a module or a dict of name -> tensor, "
+                        f"got {type(names).__name__}")
+    out = []
+    for name, t in pairs:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"torch_uvm.profile: names[{name!r}] is a {type(t).__name__}, "
+                            f"not a tensor")
+        address, nbytes = _span(t)
+        if nbytes:
+            out.append((address, nbytes, str(name)))
+    return out
+
+
+def _torch_profiler_recording() -> bool:
+    try:
+        return bool(torch._C._autograd._profiler_enabled())
+    except AttributeError:
+        return False
 
 _running: Optional["Profile"] = None   # the profile recording now
 
@@ -43,10 +96,16 @@ _running: Optional["Profile"] = None   # the profile recording now
 class Profile:
     """What :func:`profile` recorded (filled when the ``with`` block ends)."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, counters: bool = True, names: Names = None):
         self.capacity = capacity
         self.events: List[dict] = []
         self.dropped = 0
+        self.counters = counters
+        self._names = _named_spans(names)
+        #: Why the driver's counters were not recorded (None: they were, or not asked).
+        self.counters_missing: Optional[str] = None
+        self.driver: List[dict] = []                        # the driver's events
+        self.driver_dropped = 0
         self.holders: Dict[int, str] = {0: "batches"}       # share -> who holds it
         self.budgets: Dict[str, int] = {}                   # "cuda:N holder" -> its budget
         self.limits: Dict[int, Optional[int]] = {}          # GPU -> its residency limit
@@ -65,16 +124,41 @@ class Profile:
         if _running is not None:
             raise RuntimeError("torch_uvm.profile: a profile is already recording; one at a time")
         self._note_shares(range(max(torch.cuda.device_count(), 1)))
+        if self.counters:
+            self._start_counters()
         self._start_ns = time.monotonic_ns()     # the same clock as the events'
         self._start_epoch_ns = time.time_ns()    # torch.profiler's traces count from the epoch
         _C.residency_budget().start_timeline(self.capacity)
         _running = self
         return self
 
+    def _start_counters(self) -> None:
+        if not torch.cuda.is_available():
+            self.counters_missing = "no CUDA device"      # nothing to count: no warning
+            return
+        if _torch_profiler_recording():
+            why = ("torch.profiler is recording, and CUPTI's activity buffers are one per "
+                   "process: profile the driver's counters in a block outside it")
+        else:
+            why = _C.um_counters_start()
+        if why:
+            self.counters_missing = why
+            warnings.warn(f"torch_uvm.profile: the driver's counters (migrations, faults) are not "
+                          f"recorded: {why}. The residency timeline is.", stacklevel=3)
+
+    def name(self, tensor: torch.Tensor, name: str) -> "Profile":
+        """Names the memory of `tensor` in the driver's events (before the
+        block ends; names given first win)."""
+        address, nbytes = _span(tensor)
+        self._names.append((address, nbytes, name))
+        return self
+
     def __exit__(self, *exc) -> None:
         global _running
         events, self.dropped = _C.residency_budget().take_timeline()
         _running = None
+        if _C.um_counters_recording():
+            self._stop_counters(events)
         self._note_shares(sorted({e["device"] for e in events} | set(self.limits)))
         for e in events:
             e["time_s"] = (e.pop("time_ns") - self._start_ns) / 1e9
@@ -83,6 +167,89 @@ class Profile:
         if self.dropped:
             warnings.warn(f"torch_uvm.profile: {self.dropped} early events were dropped (the "
                           f"record holds {self.capacity}); pass a larger capacity")
+
+    def _stop_counters(self, timeline: List[dict]) -> None:
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()          # the migrations of the block are done
+        labels = [(e["address"], e["bytes"], e["label"]) for e in timeline if e["label"]]
+        events, self.driver_dropped, missing = _C.um_counters_stop(self._names + labels)
+        if missing:
+            warnings.warn(f"torch_uvm.profile: this GPU does not report: {missing}", stacklevel=3)
+        for e in events:
+            e["time_s"] = (e.pop("start_ns") - self._start_ns) / 1e9
+            e["end_s"] = (e.pop("end_ns") - self._start_ns) / 1e9
+        self.driver = events
+        if self.driver_dropped:
+            warnings.warn(f"torch_uvm.profile: CUPTI dropped {self.driver_dropped} of the "
+                          f"driver's records", stacklevel=3)
+
+    def _require_counters(self) -> None:
+        if self.counters_missing is not None or not self.counters:
+            raise RuntimeError("torch_uvm.profile: the driver's counters were not recorded ("
+                               f"{self.counters_missing or 'counters=False'})")
+
+    def driver_events(self) -> List[dict]:
+        """The driver's unified-memory events, in the order it reported them:
+        kind (``to_gpu``, ``to_host``, ``gpu_fault``, ``cpu_fault``,
+        ``thrashing``, ``throttling``, ``remote_map``, ``gpu_to_gpu``), cause
+        of a migration (``prefetch``, ``fault``, ``speculative``,
+        ``eviction``, ``access_counters``, ``unknown``), address, value
+        (bytes, or a count of faults), time_s and end_s (from the start of the
+        block), device (-1: the CPU) and pieces: [(name, bytes or count)] of
+        what it hit ("" where nothing named the memory)."""
+        return list(self.driver)
+
+    def driver_totals(self) -> Dict[str, Dict[str, float]]:
+        """Per name (tensor, submodule, allocation; "(unnamed)"): bytes the
+        driver moved to the GPU (and of those, by prefetch) and to the host
+        (and of those, evicted), GPU and CPU faults, thrashing and throttling
+        events, and seconds of migration."""
+        out: Dict[str, Dict[str, float]] = {}
+        for e in self.driver:
+            whole = max(e["value"], 1)
+            for name, part in e["pieces"]:
+                row = out.setdefault(name or "(unnamed)", {k: 0 for k in DRIVER_COLUMNS})
+                kind = e["kind"]
+                if kind == "to_gpu":
+                    row["to_gpu_bytes"] += part
+                    row["prefetched_bytes"] += part if e["cause"] == "prefetch" else 0
+                elif kind == "to_host":
+                    row["to_host_bytes"] += part
+                    row["evicted_bytes"] += part if e["cause"] == "eviction" else 0
+                elif kind in ("gpu_fault", "cpu_fault"):
+                    row[kind + "s"] += part
+                elif kind in ("thrashing", "throttling"):
+                    row[kind] += 1
+                if kind in ("to_gpu", "to_host"):
+                    row["migration_s"] += (e["end_s"] - e["time_s"]) * part / whole
+        return out
+
+    def moved(self, tensor: torch.Tensor) -> Dict[str, int]:
+        """What the driver did to `tensor`'s memory in the block: bytes to the
+        GPU (``to_gpu``, of which ``prefetched``), to the host (``to_host``),
+        and faults (``gpu_faults``, ``cpu_faults``). Raises if the counters
+        were not recorded."""
+        self._require_counters()
+        lo, nbytes = _span(tensor)
+        hi = lo + nbytes
+        out = {"to_gpu": 0, "prefetched": 0, "to_host": 0, "gpu_faults": 0, "cpu_faults": 0}
+        for e in self.driver:
+            a, kind = e["address"], e["kind"]
+            if kind in ("to_gpu", "to_host"):
+                part = max(0, min(hi, a + e["value"]) - max(lo, a))
+                out[kind] += part
+                out["prefetched"] += part if kind == "to_gpu" and e["cause"] == "prefetch" else 0
+            elif kind in ("gpu_fault", "cpu_fault") and lo <= a < hi:
+                out[kind + "s"] += e["value"]
+        return out
+
+    def gpu_faults(self, tensor: Optional[torch.Tensor] = None) -> int:
+        """GPU page faults (fault groups, as the driver counts them) on
+        `tensor`'s memory, or anywhere if None."""
+        if tensor is not None:
+            return self.moved(tensor)["gpu_faults"]
+        self._require_counters()
+        return sum(e["value"] for e in self.driver if e["kind"] == "gpu_fault")
 
     def timeline(self) -> List[dict]:
         """The events, oldest first: time_s (from the start of the block),
@@ -128,6 +295,20 @@ class Profile:
                          f"{'' if bound is None else f'{bound / mib:.1f}'} |")
         if self.dropped:
             lines.append(f"\n({self.dropped} early events dropped)")
+        lines.append("")
+        if self.counters_missing is not None:
+            lines.append(f"The driver's counters were not recorded: {self.counters_missing}")
+        elif self.counters:
+            lines.append("What the driver moved (managed memory; CUPTI):")
+            lines.append("| name | to GPU MiB | of which prefetched | to host MiB | of which evicted "
+                         "| GPU faults | CPU faults | thrashing | throttling | migrating ms |")
+            lines.append("|---|---|---|---|---|---|---|---|---|---|")
+            for name, row in sorted(self.driver_totals().items()):
+                lines.append(f"| {name} | {row['to_gpu_bytes'] / mib:.1f} | "
+                             f"{row['prefetched_bytes'] / mib:.1f} | {row['to_host_bytes'] / mib:.1f} | "
+                             f"{row['evicted_bytes'] / mib:.1f} | {row['gpu_faults']} | "
+                             f"{row['cpu_faults']} | {row['thrashing']} | {row['throttling']} | "
+                             f"{row['migration_s'] * 1e3:.2f} |")
         return "\n".join(lines)
 
     def to_json(self, path: str) -> None:
@@ -139,7 +320,11 @@ class Profile:
                        "limits": {f"cuda:{d}": v for d, v in self.limits.items()},
                        "peaks": self.peaks(),
                        "totals": [{"device": d, "holder": h, "label": l, **row}
-                                  for (d, h, l), row in self.totals().items()]}, f, indent=1)
+                                  for (d, h, l), row in self.totals().items()],
+                       "counters_missing": self.counters_missing if self.counters else "counters=False",
+                       "driver_events": self.driver,
+                       "driver_dropped": self.driver_dropped,
+                       "driver_totals": self.driver_totals()}, f, indent=1)
 
     def export_chrome_trace(self, path: str, merge_with: Optional[str] = None) -> None:
         """The timeline as a Chrome/Perfetto trace: a counter track of resident
@@ -168,9 +353,33 @@ class Profile:
                 ours.append({"ph": "i", "s": "p", "name": f"torch_uvm {e['kind']} {e['label']}",
                              "pid": "torch_uvm", "tid": 0, "ts": ts,
                              "args": {"bytes": e["bytes"], "holder": e["holder"]}})
+        ours += self._driver_trace(offset_us)
         data["traceEvents"] = list(data.get("traceEvents", [])) + ours
         with open(path, "w") as f:
             json.dump(data, f)
+
+    def _driver_trace(self, offset_us: float) -> List[dict]:
+        """The driver's events as trace events: migrations as spans on a row
+        per direction, faults and notices as instants, named by what they hit."""
+        if not self.driver:
+            return []
+        rows = {"to_gpu": 1, "to_host": 2, "gpu_to_gpu": 3}
+        out = [{"ph": "M", "name": "thread_name", "pid": "torch_uvm driver (CUPTI)", "tid": tid,
+                "args": {"name": name}}
+               for name, tid in (("migrations to GPU", 1), ("migrations to host", 2),
+                                 ("GPU to GPU", 3), ("faults and notices", 4))]
+        for e in self.driver:
+            names = ", ".join(sorted({n or "(unnamed)" for n, _ in e["pieces"]}))
+            base = {"pid": "torch_uvm driver (CUPTI)", "ts": offset_us + e["time_s"] * 1e6,
+                    "args": {"address": hex(e["address"]), "value": e["value"],
+                             "cause": e["cause"], "device": e["device"], "names": names}}
+            if e["kind"] in rows:
+                out.append({**base, "ph": "X", "tid": rows[e["kind"]],
+                            "dur": max(e["end_s"] - e["time_s"], 0) * 1e6,
+                            "name": f"{e['kind']} {e['cause']} {names}"})
+            else:
+                out.append({**base, "ph": "i", "s": "t", "tid": 4, "name": f"{e['kind']} {names}"})
+        return out
 
     def plot(self, path: str) -> None:
         """A PNG: resident bytes per GPU and per share over the block (steps at
@@ -184,7 +393,26 @@ class Profile:
             raise RuntimeError("torch_uvm.profile().plot needs matplotlib: pip install "
                                "matplotlib (or use to_json)") from e
         mib = 1 << 20
-        fig, ax = plt.subplots(figsize=(9, 4.5))
+        moves = [e for e in self.driver if e["kind"] in ("to_gpu", "to_host")]
+        if moves:
+            fig, (ax, low) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True,
+                                          gridspec_kw={"height_ratios": [3, 1.4]})
+            for kind in ("to_gpu", "to_host"):
+                mine = sorted((e for e in moves if e["kind"] == kind), key=lambda e: e["end_s"])
+                total, xs, ys = 0, [0.0], [0.0]
+                for e in mine:
+                    total += e["value"]
+                    xs.append(e["end_s"])
+                    ys.append(total / mib)
+                low.step(xs, ys, where="post", label=f"driver migrated {kind.replace('_', ' ')}")
+            faults = [e for e in self.driver if e["kind"] == "gpu_fault"]
+            if faults:
+                low.scatter([e["time_s"] for e in faults], [0] * len(faults), marker="|",
+                            color="red", label=f"GPU faults ({sum(e['value'] for e in faults)})")
+            low.set_ylabel("MiB, cumulative")
+            low.legend(fontsize=7, loc="upper left")
+        else:
+            fig, ax = plt.subplots(figsize=(9, 4.5))
         devices = sorted({e["device"] for e in self.events})
         for device in devices:
             mine = [e for e in self.events if e["device"] == device]
@@ -207,7 +435,8 @@ class Profile:
             if hits:
                 ax.scatter([e["time_s"] for e in hits], [e["share_resident"] / mib for e in hits],
                            marker=marker, s=16, label=kind, zorder=3)
-        ax.set_xlabel("seconds from the start of the profile (host time of each decision)")
+        (low if moves else ax).set_xlabel(
+            "seconds from the start of the profile (host time of each decision)")
         ax.set_ylabel("MiB resident")
         ax.set_title("what torch_uvm kept on the GPU (budgets dashed)")
         ax.legend(fontsize=7, loc="upper right")
@@ -216,10 +445,40 @@ class Profile:
         plt.close(fig)
 
 
-def profile(capacity: int = 1 << 20) -> Profile:
-    """Record what the residency policy does inside a ``with`` block: see
-    the module's doc. `capacity`: the most events kept (the oldest go
-    first, with a warning)."""
+def profile(capacity: int = 1 << 20, counters: bool = True, names: Names = None) -> Profile:
+    """Record what the residency policy does inside a ``with`` block, and
+    what the driver moved: see the module's doc. `capacity`: the most
+    timeline events kept (the oldest go first, with a warning). `counters`:
+    record the driver's unified-memory counters too (a warning says why
+    where they cannot be). `names`: a module (its parameters and buffers by
+    their names) or a dict of name -> tensor, to name the driver's events."""
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
         raise ValueError(f"torch_uvm.profile: capacity must be a positive int, got {capacity!r}")
-    return Profile(capacity)
+    if not isinstance(counters, bool):
+        raise TypeError(f"torch_uvm.profile: counters must be True or False, got {counters!r}")
+    return Profile(capacity, counters, names)
+
+
+@contextmanager
+def expect_no_gpu_faults(*tensors: torch.Tensor):
+    """Raises AssertionError if the GPU work queued in the block page-faulted
+    on the memory of `tensors` (any managed memory, if none given): the test
+    of a prefetch, which never changes data. RuntimeError where the driver's
+    counters cannot be recorded (so a test cannot pass without checking)."""
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"torch_uvm.expect_no_gpu_faults: expected tensors, got "
+                            f"{type(t).__name__}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = profile(names={f"tensor {i}": t for i, t in enumerate(tensors)})
+        with p:
+            yield p
+    p._require_counters()
+    faults = {i: p.gpu_faults(t) for i, t in enumerate(tensors)} if tensors else \
+        {"any": p.gpu_faults()}
+    hit = {k: v for k, v in faults.items() if v}
+    if hit:
+        where = ", ".join(f"tensor {k}: {v}" if k != "any" else f"{v} faults" for k, v in hit.items())
+        raise AssertionError(f"torch_uvm.expect_no_gpu_faults: the GPU page-faulted on managed "
+                             f"memory ({where}); a prefetch is missing or came too late")

@@ -4,6 +4,7 @@
 
 #include "core/config.h"
 #include "core/residency.h"
+#include "python/driver_counters.h"
 #include "torch/pinned_home.h"
 #include "torch/slot_memory.h"
 #include "torch/managed_allocator.h"
@@ -252,6 +253,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return translate_errors([&] { return parse_bool(value, what); });
   });
   m.def("describe_options", &describe_options);
+  bind_driver_counters(m);
   m.def("check_invariants", [] {
     if (auto* a = allocator_if_created()) translate_errors([&] { a->check_invariants(); });
   });

@@ -114,3 +114,88 @@ def test_the_timeline_merges_into_a_torch_profiler_trace_on_its_clock(budget, tm
     p.export_chrome_trace(str(tmp_path / "alone.json"))        # or a trace of its own
     alone = json.loads((tmp_path / "alone.json").read_text())["traceEvents"]
     assert len(alone) == len(ours) and min(e["ts"] for e in alone) >= 0
+
+
+# --- the driver's counters (their GPU tests: test_gpu_profile.py) -------------
+
+def driver_profile():
+    """A profile holding driver events as um_counters_stop names them."""
+    p = torch_uvm.profile(names={})
+    p.counters_missing = None
+    p.driver = [
+        {"kind": "to_gpu", "cause": "prefetch", "address": A, "value": 2 * MiB, "time_s": 0.0,
+         "end_s": 0.002, "device": 0, "pieces": [("x", MiB), ("y", MiB)]},
+        {"kind": "to_gpu", "cause": "fault", "address": C, "value": MiB, "time_s": 0.01,
+         "end_s": 0.011, "device": 0, "pieces": [("", MiB)]},
+        {"kind": "gpu_fault", "cause": "unknown", "address": C, "value": 3, "time_s": 0.009,
+         "end_s": 0.0095, "device": 0, "pieces": [("", 3)]},
+        {"kind": "to_host", "cause": "eviction", "address": A, "value": MiB, "time_s": 0.02,
+         "end_s": 0.021, "device": 0, "pieces": [("x", MiB)]},
+    ]
+    return p
+
+
+def test_the_driver_totals_add_up_per_name_and_cause():
+    totals = driver_profile().driver_totals()
+    assert totals["x"]["to_gpu_bytes"] == totals["x"]["prefetched_bytes"] == MiB
+    assert totals["x"]["to_host_bytes"] == totals["x"]["evicted_bytes"] == MiB
+    assert totals["y"]["to_gpu_bytes"] == MiB and totals["y"]["to_host_bytes"] == 0
+    unnamed = totals["(unnamed)"]
+    assert unnamed["to_gpu_bytes"] == MiB and unnamed["prefetched_bytes"] == 0
+    assert unnamed["gpu_faults"] == 3
+    assert totals["x"]["migration_s"] == pytest.approx(0.001 + 0.001)   # half of 2 ms, then 1 ms
+    table = driver_profile().summary()
+    assert "What the driver moved" in table and "| x | 1.0 | 1.0 | 1.0 | 1.0 | 0 |" in table
+
+
+def test_the_driver_events_become_spans_and_instants_in_a_trace(tmp_path):
+    p = driver_profile()
+    p.export_chrome_trace(str(tmp_path / "t.json"))
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X"]
+    assert [e["name"] for e in spans] == ["to_gpu prefetch x, y", "to_gpu fault (unnamed)",
+                                          "to_host eviction x"]
+    assert spans[0]["dur"] == pytest.approx(2000) and spans[2]["tid"] == 2
+    assert [e["name"] for e in events if e.get("ph") == "i"] == ["gpu_fault (unnamed)"]
+    p.to_json(str(tmp_path / "p.json"))
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert len(data["driver_events"]) == 4 and data["driver_totals"]["y"]["to_gpu_bytes"] == MiB
+    pytest.importorskip("matplotlib")
+    p.plot(str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_profile_names_and_counters_are_checked():
+    import torch
+    with pytest.raises(TypeError, match="names must be a module or a dict"):
+        torch_uvm.profile(names=[torch.ones(2)])
+    with pytest.raises(TypeError, match=r"names\['w'\] is a int"):
+        torch_uvm.profile(names={"w": 3})
+    with pytest.raises(TypeError, match="counters must be True or False"):
+        torch_uvm.profile(counters=1)
+    with pytest.raises(TypeError, match="expected tensors"):
+        with torch_uvm.expect_no_gpu_faults("x"):
+            pass
+    model = torch.nn.Linear(2, 2)
+    p = torch_uvm.profile(names=model)
+    assert sorted(name for _, _, name in p._names) == ["bias", "weight"]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a machine without a GPU")
+def test_without_a_gpu_the_counters_are_missing_quietly_and_checks_refuse():
+    import torch
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch_uvm.profile() as p:
+            pass
+    assert p.counters_missing == "no CUDA device"
+    assert "were not recorded: no CUDA device" in p.summary()
+    with pytest.raises(RuntimeError, match="not recorded"):
+        p.moved(torch.ones(2))
+    with pytest.raises(RuntimeError, match="not recorded"):
+        with torch_uvm.expect_no_gpu_faults(torch.ones(2)):
+            pass
+    with torch_uvm.profile(counters=False) as off:
+        pass
+    with pytest.raises(RuntimeError, match="counters=False"):
+        off.gpu_faults()
