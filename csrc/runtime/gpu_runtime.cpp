@@ -75,7 +75,10 @@ static void* allocated(gpuError_t err, void* p, const char* call) {
 void* GpuRuntime::allocate_managed(std::size_t bytes) {
   RelaxedCaptureMode relaxed;
   void* p = nullptr;
-  return allocated(gpuMallocManaged(&p, bytes), p, "gpuMallocManaged");
+  // Called first, and apart: the order in which a call's arguments are
+  // evaluated is unspecified, and `p` must be read after the allocation.
+  const gpuError_t err = gpuMallocManaged(&p, bytes);
+  return allocated(err, p, "gpuMallocManaged");
 }
 
 void GpuRuntime::free_managed(void* ptr) { GPU_CHECK(gpuFree(ptr)); }
@@ -83,7 +86,8 @@ void GpuRuntime::free_managed(void* ptr) { GPU_CHECK(gpuFree(ptr)); }
 void* GpuRuntime::allocate_host(std::size_t bytes) {
   RelaxedCaptureMode relaxed;
   void* p = nullptr;
-  return allocated(gpuHostAllocMappedPortable(&p, bytes), p, "gpuHostAlloc");
+  const gpuError_t err = gpuHostAllocMappedPortable(&p, bytes);   // before `p` is read
+  return allocated(err, p, "gpuHostAlloc");
 }
 
 void GpuRuntime::free_host(void* ptr) { GPU_CHECK(gpuFreeHost(ptr)); }
