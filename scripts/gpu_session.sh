@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs, in one place: build, GPU tests, benchmarks.
-#   bash scripts/gpu_session.sh [build] [test] [bench] [offload] [demo] [stress] [sanitize] [soak] [smoke]
+#   bash scripts/gpu_session.sh [build] [test] [pytest] [bench] [offload] [demo] [stress] [sanitize] [soak] [smoke]
 #   (default: build test bench)
 # Logs go to $OUT (the device tool's folder) or results/ under the repo, and a
 # short summary is printed last. Never asks for more managed memory than a few
@@ -20,14 +20,21 @@ if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
 LOGS=/tmp/torch_uvm_logs
 mkdir -p "$LOGS"
 run() {  # name, command...   (build logs reach $OUT only when they fail:
-  local name=$1; shift        #  the device tool returns at most 8 files)
-  local t0=$SECONDS
-  "$@" > "$LOGS/$name.log" 2>&1
+  local name=$1; shift        #  the device tool returns at most 8 files;
+  local t0=$SECONDS           #  the others are written there as they run,
+  local log="$LOGS/$name.log" #  so a call cut by its time limit keeps them)
+  [[ $name != *_build ]] && log="$OUT/$name.log"
+  "$@" > "$log" 2>&1
   local rc=$?
   summary+=("$name: rc=$rc ($((SECONDS - t0)) s)")
-  tail -n 25 "$LOGS/$name.log"
-  if [ $rc -ne 0 ] || [[ $name != *_build ]]; then cp "$LOGS/$name.log" "$OUT/"; fi
+  tail -n 25 "$log"
+  if [ $rc -ne 0 ] && [[ $name == *_build ]]; then cp "$log" "$OUT/"; fi
   return $rc
+}
+
+run_pytest() {  # PYTEST_ARGS picks tests (default: all); torch.compile tests take minutes
+  run pytest env TORCH_UVM_CPP_PREFIX="$PWD/build-prefix" timeout ${PYTEST_LIMIT:-480} \
+      python3 -m pytest -v -rsP --timeout 120 ${PYTEST_ARGS:-tests/python} ${PYTEST_K:+-k "$PYTEST_K"}
 }
 
 install_wheels() {  # anchors carried as wheels (RMM, torchao, bitsandbytes): see README
@@ -64,9 +71,10 @@ for stage in $stages; do
     test)
       run cuda_tests timeout 180 ./build-gpu/cuda_tests
       # pytest-timeout (in the GPU image) names a test that hangs, with its stack.
-      # PYTEST_ARGS picks tests (default: all); torch.compile tests take minutes.
-      run pytest env TORCH_UVM_CPP_PREFIX="$PWD/build-prefix" timeout ${PYTEST_LIMIT:-480} \
-          python3 -m pytest -v -rsP --timeout 120 ${PYTEST_ARGS:-tests/python} ${PYTEST_K:+-k "$PYTEST_K"}
+      run_pytest
+      ;;
+    pytest)  # the test stage's pytest alone
+      run_pytest
       ;;
     stress)
       # 10^7 operations on cudaMallocManaged, invariants checked every step.

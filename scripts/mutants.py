@@ -18,6 +18,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COPIES = "tests/python/test_gpu_copies.py::"
 OFFLOAD = "tests/python/test_gpu_offload.py::"
+PROFILE = "tests/python/test_gpu_profile.py::"
 
 # (name, file, text, replacement, tests that must fail). A test named
 # "core:Suite.Test" is a GoogleTest of the host-runtime build (build/core_tests,
@@ -133,6 +134,24 @@ MUTANTS = [
     ("GPU memory outside the pool is not counted", "csrc/core/caching_managed_allocator.cpp",
      "  outside_ += bytes;\n", "",
      ["core:*/AllocatorTest.GpuMemoryHeldOutsideThePoolCountsAgainstTheCap/*"]),
+    # the driver's counters (issue 22): a prefetch never changes data, so these
+    # tests see it through the counters
+    ("a prefetch is not issued", "torch_uvm/__init__.py",
+     "    _C.prefetch(tensor, _device(device), stream)\n", "    pass\n",
+     [PROFILE + "test_a_prefetched_tensor_is_read_without_faults_and_the_prefetch_is_counted",
+      PROFILE + "test_expect_no_gpu_faults_passes_a_prefetched_read_and_fails_a_missing_prefetch"]),
+    ("a move to a GPU does not prefetch", "csrc/torch/move_kernels.cpp",
+     "    schedule_prefetch(ptr, bytes, to_index(target), stream,\n"
+     "                      /*off_thread=*/self.device().is_cpu() && non_blocking);",
+     "    (void)stream;",
+     [PROFILE + "test_a_move_to_the_gpu_is_read_without_faults"]),
+    ("prefetching does not prefetch its batches", "torch_uvm/residency.py",
+     "            _C.prefetch(r.tensor, device, stream)\n            r.device = device",
+     "            r.device = device",
+     [PROFILE + "test_the_accounting_of_streamed_batches_matches_what_the_driver_moved"]),
+    ("the counters are not armed when the allocator starts", "csrc/torch/state.cpp",
+     "      g_counters_not_armed = UmCounters::arm();", "      g_counters_not_armed = \"off\";",
+     [PROFILE + "test_a_prefetched_tensor_is_read_without_faults_and_the_prefetch_is_counted"]),
 ]
 
 

@@ -91,6 +91,7 @@ def _torch_profiler_recording() -> bool:
         return False
 
 _running: Optional["Profile"] = None   # the profile recording now
+_warned_unarmed = False                 # said once: memory before the counters is not counted
 
 
 class Profile:
@@ -145,6 +146,15 @@ class Profile:
             self.counters_missing = why
             warnings.warn(f"torch_uvm.profile: the driver's counters (migrations, faults) are not "
                           f"recorded: {why}. The residency timeline is.", stacklevel=3)
+            return
+        global _warned_unarmed
+        unarmed = _C.driver_counters_not_armed() if _C.allocator_created() else ""
+        if unarmed and not _warned_unarmed:
+            _warned_unarmed = True
+            warnings.warn("torch_uvm.profile: the driver counts only managed memory allocated "
+                          "after its counters were first enabled, and they were not when "
+                          f"torch_uvm's allocator started ({unarmed}): memory allocated before "
+                          "this profile is not counted", stacklevel=3)
 
     def name(self, tensor: torch.Tensor, name: str) -> "Profile":
         """Names the memory of `tensor` in the driver's events (before the

@@ -140,6 +140,13 @@ const std::vector<Option>& options() {
        [](AllocatorConfig& c, const std::string& k, const std::string& v) {
          c.prefetch_on_alloc = parse_bool(v, "PYTORCH_UVM_ALLOC_CONF option '" + k + "'");
        }},
+      {"driver_counters", "true",
+       "enable the driver's unified-memory counters (CUPTI) once when the allocator "
+       "starts, so that torch_uvm.profile() can count every managed allocation "
+       "(~0.1-0.2 s, once)",
+       [](AllocatorConfig& c, const std::string& k, const std::string& v) {
+         c.driver_counters = parse_bool(v, "PYTORCH_UVM_ALLOC_CONF option '" + k + "'");
+       }},
       {"prefetch_chunk_mb", "0",
        "the worker prefetches in pieces of this size (0: whole ranges)",
        [](AllocatorConfig& c, const std::string& k, const std::string& v) {

@@ -45,6 +45,10 @@ struct AllocatorConfig {
   std::size_t residency_limit = 0;
   // Prefetch each new GPU-home allocation to its GPU, on its stream.
   bool prefetch_on_alloc = false;
+  // Enable the driver's unified-memory counters once when the allocator
+  // starts, so that torch_uvm.profile() sees all of its memory
+  // (runtime/um_counters.h: the driver counts only allocations made after).
+  bool driver_counters = true;
 };
 
 // Parses "key:value,..." on top of `base`. Throws InvalidArgument naming the

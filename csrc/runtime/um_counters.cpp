@@ -83,6 +83,7 @@ void check(CUptiResult result, const char* call) {
 struct Recording {
   std::mutex mutex;
   bool on = false;
+  bool armed = false;
   std::set<std::uint8_t*> buffers;       // ours: another client's go back untouched
   std::int64_t cupti_to_steady_ns = 0;   // add to a CUPTI time
   UmRecording taken;
@@ -164,8 +165,12 @@ void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream, std::uin
     if (r.buffers.erase(buffer) == 0) return;
     shift = r.cupti_to_steady_ns;
   }
+  std::uint64_t other = 0;
   while (valid > 0 && cupti().next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
-    if (record->kind != CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER) continue;
+    if (record->kind != CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER) {
+      ++other;
+      continue;
+    }
     bool known = false;
     UmEvent e = event_of(*reinterpret_cast<const CUpti_ActivityUnifiedMemoryCounter3*>(record),
                          shift, &known);
@@ -177,6 +182,8 @@ void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream, std::uin
   std::lock_guard<std::mutex> lock(r.mutex);
   r.taken.events.insert(r.taken.events.end(), events.begin(), events.end());
   r.taken.dropped += dropped;
+  r.taken.buffers += 1;
+  r.taken.other += other;
 }
 
 std::int64_t steady_now_ns() {
@@ -249,7 +256,21 @@ std::string UmCounters::start() {
   r.taken = UmRecording{};
   r.taken.missing = missing;
   r.on = true;
+  r.armed = true;
   return "";
+}
+
+std::string UmCounters::arm() {
+  if (armed()) return "";
+  const std::string why = start();
+  if (why.empty()) stop();
+  return why;
+}
+
+bool UmCounters::armed() {
+  Recording& r = state();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.armed;
 }
 
 bool UmCounters::recording() {
@@ -290,6 +311,8 @@ std::string UmCounters::start() {
 #endif
 }
 bool UmCounters::recording() { return false; }
+std::string UmCounters::arm() { return start(); }
+bool UmCounters::armed() { return false; }
 UmRecording UmCounters::stop() {
   throw InvalidArgument("torch_uvm: no recording of the driver's counters is running");
 }

@@ -4,6 +4,13 @@
 // activity API (CUDA builds that found cupti.h; libcupti is loaded when a
 // recording starts, so a build or a machine without it still runs).
 //
+// The driver reports only managed memory allocated after unified-memory
+// counting was first enabled in the process (measured on the H100: a range
+// allocated before it shows no migration or fault, one allocated after
+// shows every one, in any later recording). arm() does that first enabling
+// where nothing is recorded yet: the allocator's creation calls it
+// (PYTORCH_UVM_ALLOC_CONF driver_counters, default on).
+//
 // CUPTI's activity buffers are one per process: while another tool records
 // through them (torch.profiler's kineto, Nsight Systems) these counters
 // cannot, and start() says so rather than take them away.
@@ -20,6 +27,8 @@ namespace torch_uvm {
 struct UmRecording {
   std::vector<UmEvent> events;   // in the order the driver reported them
   std::uint64_t dropped = 0;     // records CUPTI could not keep
+  std::uint64_t buffers = 0;     // activity buffers CUPTI handed back
+  std::uint64_t other = 0;       // records of other kinds in them (another client's)
   std::string missing;           // counters that could not be enabled, or ""
 };
 
@@ -31,6 +40,12 @@ class UmCounters {
   static std::string start();
   // Whether a recording is running.
   static bool recording();
+  // Enables and disables the counters once, so that every managed
+  // allocation after it can be seen by later recordings (~0.1-0.2 s, the
+  // first time only). Returns "" or why not (as start()).
+  static std::string arm();
+  // Whether arm() or start() succeeded before.
+  static bool armed();
   // Flushes and stops; the events since start(), times on the host's steady
   // clock. Call after the GPU work of interest is done (synchronize first).
   static UmRecording stop();

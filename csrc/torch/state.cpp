@@ -2,6 +2,7 @@
 
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
 #include <pthread.h>
 
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include "core/config.h"
 #include "core/errors.h"
 #include "runtime/gpu_runtime.h"
+#include "runtime/um_counters.h"
 #include "torch_uvm/torch_uvm.h"
 
 namespace torch_uvm {
@@ -19,6 +21,7 @@ namespace {
 std::atomic<CachingManagedAllocator*> g_allocator{nullptr};
 std::atomic<bool> g_forked_child{false};
 std::atomic<bool> g_hints{true};
+std::string g_counters_not_armed = "the allocator has not started";   // set once, under g_create_mutex
 std::atomic<int> g_captures{0};
 std::atomic<PrefetchQueue*> g_queue{nullptr};
 std::mutex g_create_mutex;
@@ -44,6 +47,11 @@ CachingManagedAllocator* allocator_if_created() { return g_allocator.load(); }
 bool in_forked_child() { return g_forked_child.load(std::memory_order_relaxed); }
 
 bool managed_hints_supported() { return g_hints.load(); }
+
+std::string driver_counters_not_armed() {
+  std::lock_guard<std::mutex> lock(g_create_mutex);
+  return g_counters_not_armed;
+}
 
 void note_capture_begin() { ++g_captures; }
 
@@ -126,6 +134,15 @@ CachingManagedAllocator& allocator() {
       config.advise_segments = false;
     }
     g_hints = hints;
+    // Before the first managed allocation, so the driver counts them all;
+    // never while torch.profiler records (CUPTI's buffers are its then).
+    if (config.driver_counters && !torch::profiler::impl::profilerEnabled()) {
+      g_counters_not_armed = UmCounters::arm();
+    } else {
+      g_counters_not_armed = config.driver_counters
+                                 ? "torch.profiler was recording when the allocator started"
+                                 : "PYTORCH_UVM_ALLOC_CONF has driver_counters:false";
+    }
     // Leaked on purpose: tensors may outlive static destructors at exit.
     auto* a = new CachingManagedAllocator(std::move(runtime), config);
     pthread_atfork(&prepare_fork, &after_fork_in_parent, &after_fork_in_child);

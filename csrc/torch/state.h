@@ -23,6 +23,11 @@ bool in_forked_child();
 // Whether prefetch and advice work on this machine (concurrentManagedAccess).
 bool managed_hints_supported();
 
+// Why the driver's unified-memory counters were not enabled when the
+// allocator started (runtime/um_counters.h: memory allocated before they
+// were is not counted), or "" if they were.
+std::string driver_counters_not_armed();
+
 // CUDA graph captures (pools being allocated to) under way, as PyTorch
 // announces them to the CUDA allocator (cuda_graph_pools.cpp). While one is,
 // torch_uvm makes no driver call that would break it: CPU tensors come from

@@ -68,7 +68,7 @@ TEST(Config, BooleansAcceptTheUsualSpellings) {
 
 TEST(Config, EveryOptionIsDescribed) {
   auto lines = describe_options();
-  EXPECT_EQ(lines.size(), 13u);
+  EXPECT_EQ(lines.size(), 14u);
   EXPECT_NE(lines[0].find("max_split_size_mb (default unlimited)"), std::string::npos);
 }
 
@@ -78,6 +78,8 @@ TEST(Config, ResidencyLimitAndPrefetchOnAlloc) {
   EXPECT_TRUE(c.prefetch_on_alloc);
   EXPECT_EQ(AllocatorConfig{}.residency_limit, 0u);
   EXPECT_FALSE(AllocatorConfig{}.prefetch_on_alloc);
+  EXPECT_TRUE(AllocatorConfig{}.driver_counters);
+  EXPECT_FALSE(parse_config("driver_counters:false").driver_counters);
   EXPECT_THROW(parse_config("residency_limit_mb:0"), InvalidArgument);
   EXPECT_THROW(parse_config("prefetch_on_alloc:maybe"), InvalidArgument);
 }

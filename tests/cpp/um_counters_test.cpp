@@ -112,6 +112,11 @@ TEST(UmCountersCuda, APrefetchIsAMigrationToTheGpuAndACpuWriteBringsThePagesHome
   }
   GpuRuntime rt;
   if (!rt.concurrent_managed_access(0)) GTEST_SKIP() << "no concurrentManagedAccess";
+#ifdef TORCH_UVM_WITH_CUPTI
+  // The driver counts only what is allocated after counting first began.
+  ASSERT_EQ(UmCounters::arm(), "");
+  EXPECT_TRUE(UmCounters::armed());
+#endif
   constexpr std::size_t kBytes = 16u << 20;
   void* p = rt.allocate_managed(kBytes);
   ASSERT_NE(p, nullptr);
