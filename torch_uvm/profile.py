@@ -57,7 +57,11 @@ Names = Union[torch.nn.Module, Dict[str, torch.Tensor], None]
 
 
 def _span(t: torch.Tensor) -> Tuple[int, int]:
-    """The bytes a tensor's storage covers: (address, bytes)."""
+    """The bytes a tensor covers, (address, bytes): its own for a contiguous
+    tensor (a batch split from a larger one is named apart), else its
+    storage's."""
+    if t.is_contiguous():
+        return t.data_ptr(), t.numel() * t.element_size()
     storage = t.untyped_storage()
     return storage.data_ptr(), storage.nbytes()
 
