@@ -117,6 +117,8 @@ def test_counters_are_not_taken_from_a_running_torch_profiler(uvm, on_host):
         p.moved(x)
     names = [e.name for e in prof.events()]                    # kineto kept its trace:
     assert "aten::sum" in names and any("reduce" in n.lower() for n in names)   # op and kernel
+    uvm.prefetch(x, "cpu")                  # the faults above brought x to the GPU
+    torch.cuda.synchronize()
     with uvm.profile() as after:                               # and ours work after it
         uvm.prefetch(x, "cuda")
         torch.cuda.synchronize()
