@@ -195,7 +195,7 @@ def link_limit(weights: int, resident: int, h2d: float, d2h: float) -> dict:
 
 
 def report(scenario, runs):
-    ref = next((r["losses"] for r in runs["resident"] if r), None)
+    ref = next((r["losses"] for r in runs.get("resident", []) if r), None)   # (--variants may omit it)
     uvm_run = next((r for r in runs.get("torch_uvm_in_backward", []) if r), None)
     rates = runs.get("pinned_rate", [])
     h2d = method.median_of(rates, "h2d_gbps", LINK / 1e9) * 1e9

@@ -17,7 +17,8 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # torch_uvm
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                   # method
 import method  # noqa: E402
 
 MiB = 1 << 20

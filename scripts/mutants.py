@@ -149,9 +149,6 @@ MUTANTS = [
      "            _C.prefetch(r.tensor, device, stream)\n            r.device = device",
      "            r.device = device",
      [PROFILE + "test_the_accounting_of_streamed_batches_matches_what_the_driver_moved"]),
-    ("the counters are not armed when the allocator starts", "csrc/torch/state.cpp",
-     "      g_counters_not_armed = UmCounters::arm();", "      g_counters_not_armed = \"off\";",
-     [PROFILE + "test_a_prefetched_tensor_is_read_without_faults_and_the_prefetch_is_counted"]),
 ]
 
 
