@@ -32,6 +32,14 @@ def run_python(code: str, env: dict = None, timeout: int = 300) -> subprocess.Co
                           capture_output=True, text=True, timeout=timeout)
 
 
+def torchrun(script: str, *args: str, nproc: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node nproc script args...` (torch.distributed.run,
+    the launcher users already run), with the repository on sys.path."""
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run",
+                           f"--nproc-per-node={nproc}", script, *args],
+                          env=_child_env(), capture_output=True, text=True, timeout=timeout)
+
+
 def run_script(path, code: str, env: dict = None, timeout: int = 300) -> subprocess.CompletedProcess:
     """Writes `code` to the file `path` and runs it as a script (`python path`):
     unlike `-c`, a script is what forkserver and spawn re-run in a child."""
@@ -72,9 +80,7 @@ def range_attribute(tensor: torch.Tensor, attribute: int) -> int:
 READ_MOSTLY, PREFERRED_LOCATION, LAST_PREFETCH_LOCATION = 1, 2, 4
 
 
-def memory_type(tensor: torch.Tensor) -> str:
-    """The kind of a tensor's memory, asked of the CUDA runtime: "host"
-    (pinned), "device" or "managed"."""
+def _pointer_attributes(tensor: torch.Tensor):
     import ctypes
 
     class Attributes(ctypes.Structure):
@@ -85,9 +91,21 @@ def memory_type(tensor: torch.Tensor) -> str:
     err = _cudart().cudaPointerGetAttributes(ctypes.byref(attributes),
                                              ctypes.c_void_p(tensor.data_ptr()))
     assert err == 0, f"cudaPointerGetAttributes failed: {err}"
+    return attributes
+
+
+def memory_type(tensor: torch.Tensor) -> str:
+    """The kind of a tensor's memory, asked of the CUDA runtime: "host"
+    (pinned), "device" or "managed"."""
+    attributes = _pointer_attributes(tensor)
     kind = {1: "host", 2: "device", 3: "managed"}.get(attributes.type)
     assert kind is not None, f"unregistered memory (type {attributes.type})"
     return kind
+
+
+def memory_device(tensor: torch.Tensor) -> int:
+    """The GPU a tensor's device memory belongs to, asked of the CUDA runtime."""
+    return _pointer_attributes(tensor).device
 
 
 def where(tensor: torch.Tensor) -> str:

@@ -1,0 +1,104 @@
+"""One rank of a data-parallel training run, launched by torchrun (issue 21):
+
+    torchrun --nproc-per-node 2 tests/multigpu/train_ranks.py --mode ddp --uvm 1 --out losses.json
+
+Modes:
+  ddp          DistributedDataParallel of a small transformer, each rank on its GPU
+  fsdp2        the same model under fully_shard (FSDP2)
+  ddp_offload  DDP where each rank's replica is offloaded with torch_uvm.offload
+               under a budget of half the model, optimizer streamed
+               (stream_optimizer): the path when the model does not fit one card
+  ddp_resident the reference of ddp_offload: the same DDP, all resident
+
+Every rank trains `--steps` steps on its own batch (seeded by rank) and rank 0
+writes {"losses": [[rank 0's], [rank 1's], ...], "memory": {...}} to --out,
+where memory says, per rank, the bytes PyTorch's statistics show on each GPU
+(a rank must hold memory on its own GPU only). With --device cpu (gloo), the
+DDP modes run on the CPU: a check of this script that needs no GPU.
+"""
+import argparse
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def model_and_batches(seed_rank: int, device: torch.device, steps: int):
+    torch.manual_seed(0)                       # the same replica on every rank
+    layer = torch.nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024,
+                                             dropout=0.0, batch_first=True)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, num_layers=4),
+                                torch.nn.Linear(256, 256))
+    g = torch.Generator().manual_seed(1000 + seed_rank)   # each rank its own data
+    batches = [(torch.randn(8, 64, 256, generator=g), torch.randn(8, 64, 256, generator=g))
+               for _ in range(steps)]
+    return model, [(x.to(device), y.to(device)) for x, y in batches]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", choices=["ddp", "fsdp2", "ddp_offload", "ddp_resident"],
+                    required=True)
+    ap.add_argument("--uvm", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    if args.uvm:
+        import torch_uvm
+        torch_uvm.set_enabled_uvm(True)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        device = torch.device("cuda", torch.cuda.current_device())
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    model, batches = model_and_batches(rank, device, args.steps)
+    handle = None
+    if args.mode == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+        model.to(device)
+        for block in model[0].layers:
+            fully_shard(block)
+        fully_shard(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    elif args.mode == "ddp_offload":
+        import torch_uvm
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        handle = torch_uvm.offload(model, budget=weights // 2, device=device)
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+        optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    else:
+        model.to(device)
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for x, y in batches:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    memory = {}
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        memory = {f"cuda:{d}": torch.cuda.memory_allocated(d)
+                  for d in range(torch.cuda.device_count())}
+    gathered = [None] * world
+    dist.all_gather_object(gathered, {"rank": rank, "losses": losses, "memory": memory,
+                                      "pid": os.getpid(), "device": str(device)})
+    if handle is not None:
+        handle.undo()
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump({"mode": args.mode, "uvm": args.uvm, "ranks": gathered}, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""The torchrun script of the two-GPU tests (tests/multigpu/train_ranks.py)
+checked on the CPU: two gloo ranks train DDP with their own data and agree
+on the weights. Its GPU runs are in test_gpu_multigpu.py (two GPUs)."""
+import json
+import os
+
+from conftest import ROOT, torchrun
+
+TRAIN = os.path.join(ROOT, "tests", "multigpu", "train_ranks.py")
+
+
+def test_the_data_parallel_script_runs_two_cpu_ranks(tmp_path):
+    out = tmp_path / "ddp.json"
+    r = torchrun(TRAIN, "--mode", "ddp", "--uvm", "0", "--device", "cpu", "--steps", "3",
+                 "--out", str(out), timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    ranks = json.loads(out.read_text())["ranks"]
+    assert [x["rank"] for x in ranks] == [0, 1]
+    losses = [x["losses"] for x in ranks]
+    assert all(len(l) == 3 for l in losses) and losses[0] != losses[1]   # each its own data
+    assert losses[0][-1] < losses[0][0] and losses[1][-1] < losses[1][0]  # and it learns
