@@ -54,6 +54,8 @@ DRIVER_COLUMNS = ("to_gpu_bytes", "prefetched_bytes", "to_host_bytes", "evicted_
                   "gpu_faults", "cpu_faults", "thrashing", "throttling", "migration_s")
 
 Names = Union[torch.nn.Module, Dict[str, torch.Tensor], None]
+#: The driver reports a fault at the base of the page that faulted (4 KiB pages).
+FAULT_PAGE = 4096
 
 
 def _span(t: torch.Tensor) -> Tuple[int, int]:
@@ -111,6 +113,7 @@ class Profile:
         self.counters_missing: Optional[str] = None
         self.driver: List[dict] = []                        # the driver's events
         self.driver_dropped = 0
+        self._counting = False                              # this profile started the counters
         self.holders: Dict[int, str] = {0: "batches"}       # share -> who holds it
         self.budgets: Dict[str, int] = {}                   # "cuda:N holder" -> its budget
         self.limits: Dict[int, Optional[int]] = {}          # GPU -> its residency limit
@@ -151,6 +154,7 @@ class Profile:
             warnings.warn(f"torch_uvm.profile: the driver's counters (migrations, faults) are not "
                           f"recorded: {why}. The residency timeline is.", stacklevel=3)
             return
+        self._counting = True
         global _warned_unarmed
         unarmed = _C.driver_counters_not_armed() if _C.allocator_created() else ""
         if unarmed and not _warned_unarmed:
@@ -171,7 +175,8 @@ class Profile:
         global _running
         events, self.dropped = _C.residency_budget().take_timeline()
         _running = None
-        if _C.um_counters_recording():
+        if self._counting:
+            self._counting = False
             self._stop_counters(events)
         self._note_shares(sorted({e["device"] for e in events} | set(self.limits)))
         for e in events:
@@ -183,10 +188,12 @@ class Profile:
                           f"record holds {self.capacity}); pass a larger capacity")
 
     def _stop_counters(self, timeline: List[dict]) -> None:
-        if torch.cuda.is_initialized():
-            torch.cuda.synchronize()          # the migrations of the block are done
         labels = [(e["address"], e["bytes"], e["label"]) for e in timeline if e["label"]]
-        events, self.driver_dropped, missing = _C.um_counters_stop(self._names + labels)
+        try:
+            if torch.cuda.is_initialized():
+                torch.cuda.synchronize()      # the migrations of the block are done
+        finally:                              # (a sticky CUDA error must not leave CUPTI on)
+            events, self.driver_dropped, missing = _C.um_counters_stop(self._names + labels)
         if missing:
             warnings.warn(f"torch_uvm.profile: this GPU does not report: {missing}", stacklevel=3)
         for e in events:
@@ -253,8 +260,8 @@ class Profile:
                 part = max(0, min(hi, a + e["value"]) - max(lo, a))
                 out[kind] += part
                 out["prefetched"] += part if kind == "to_gpu" and e["cause"] == "prefetch" else 0
-            elif kind in ("gpu_fault", "cpu_fault") and lo <= a < hi:
-                out[kind + "s"] += e["value"]
+            elif kind in ("gpu_fault", "cpu_fault") and a < hi and a + FAULT_PAGE > lo:
+                out[kind + "s"] += e["value"]     # at its page's base: any overlap counts
         return out
 
     def gpu_faults(self, tensor: Optional[torch.Tensor] = None) -> int:
@@ -489,6 +496,9 @@ def expect_no_gpu_faults(*tensors: torch.Tensor):
         with p:
             yield p
     p._require_counters()
+    if p.driver_dropped:
+        raise RuntimeError(f"torch_uvm.expect_no_gpu_faults: CUPTI dropped {p.driver_dropped} of "
+                           f"the driver's records, so the block cannot be checked")
     faults = {i: p.gpu_faults(t) for i, t in enumerate(tensors)} if tensors else \
         {"any": p.gpu_faults()}
     hit = {k: v for k, v in faults.items() if v}

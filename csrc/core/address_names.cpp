@@ -1,14 +1,22 @@
 #include "core/address_names.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/um_event.h"
 
 namespace torch_uvm {
+namespace {
+// The end of [address, address + bytes), saturated at the top of the address space.
+std::uintptr_t end_of(std::uintptr_t address, std::size_t bytes) {
+  const std::uintptr_t top = std::numeric_limits<std::uintptr_t>::max();
+  return bytes > top - address ? top : address + bytes;
+}
+}  // namespace
 
 void AddressNames::add(std::uintptr_t address, std::size_t bytes, const std::string& name) {
   std::uintptr_t at = address;
-  const std::uintptr_t end = address + bytes;
+  const std::uintptr_t end = end_of(address, bytes);
   // The first range that ends after `at`: the one before it may cover `at`.
   auto it = ranges_.upper_bound(at);
   if (it != ranges_.begin() && std::prev(it)->second.end > at) --it;
@@ -33,7 +41,7 @@ std::string AddressNames::name_at(std::uintptr_t address) const {
 void AddressNames::split(std::uintptr_t address, std::size_t bytes,
                          const std::function<void(const std::string&, std::size_t)>& piece) const {
   std::uintptr_t at = address;
-  const std::uintptr_t end = address + bytes;
+  const std::uintptr_t end = end_of(address, bytes);
   auto it = ranges_.upper_bound(at);
   if (it != ranges_.begin() && std::prev(it)->second.end > at) --it;
   static const std::string unnamed;

@@ -66,6 +66,14 @@ TEST(AddressNames, ANameGivenTwiceOrInsideAnotherAddsNothing) {
   EXPECT_EQ(split(names, 0, 100), (Pieces{{"a", 100}}));
 }
 
+TEST(AddressNames, ARangeRunningPastTheTopOfTheAddressSpaceIsCutThere) {
+  AddressNames names;
+  const std::uintptr_t top = ~std::uintptr_t{0};
+  names.add(top - 100, 1000, "last");
+  EXPECT_EQ(names.name_at(top - 1), "last");
+  EXPECT_EQ(split(names, top - 200, 1000), (Pieces{{"", 100}, {"last", 100}}));
+}
+
 TEST(UmEvent, NamesAndWhatCountsBytes) {
   EXPECT_STREQ(torch_uvm::kind_name(UmEvent::kGpuFault), "gpu_fault");
   EXPECT_STREQ(cause_name(UmEvent::kPrefetch), "prefetch");

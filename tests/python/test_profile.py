@@ -199,3 +199,17 @@ def test_without_a_gpu_the_counters_are_missing_quietly_and_checks_refuse():
         pass
     with pytest.raises(RuntimeError, match="counters=False"):
         off.gpu_faults()
+
+
+def test_a_fault_counts_for_a_tensor_anywhere_on_its_page():
+    """The driver reports a fault at the base of the page that faulted: a
+    tensor that starts inside that page was hit too."""
+    import torch
+    t = torch.ones(4096)[3:]                              # starts 12 bytes into its storage
+    base = t.data_ptr() // 4096 * 4096
+    p = driver_profile()
+    fault = {"kind": "gpu_fault", "cause": "unknown", "value": 2, "time_s": 0.0,
+             "end_s": 0.0, "device": 0, "pieces": [("", 2)]}
+    p.driver = [dict(fault, address=base), dict(fault, address=base - 4096)]
+    assert t.data_ptr() % 4096 != 0 and p.moved(t)["gpu_faults"] == 2   # not the page before
+    assert p.gpu_faults(t) == 2 and p.gpu_faults() == 4
