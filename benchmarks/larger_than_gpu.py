@@ -391,9 +391,7 @@ def main():
                                        (axes[1], "stream_table", "gbps", "GB/s")]:
             table = result.get(key, {})
             names = list(table)
-            med = [table[n][metric]["median"] for n in names]
-            err = [[m - table[n][metric]["min"] for n, m in zip(names, med)],
-                   [table[n][metric]["max"] - m for n, m in zip(names, med)]]
+            med, err = method.error_bars([table[n][metric] for n in names])
             ax.bar(names, med, yerr=err, capsize=4)
             ax.set_ylabel(label)
             ax.tick_params(axis="x", rotation=25)

@@ -76,6 +76,14 @@ def ratio(numerators: List[Optional[float]], denominators: List[Optional[float]]
     return s
 
 
+def error_bars(summaries: List[dict]):
+    """The medians of summaries (summarize() or ratio() results) and their
+    spread as matplotlib's error bars: (medians, [below, above])."""
+    med = [s["median"] for s in summaries]
+    return med, [[m - s["min"] for s, m in zip(summaries, med)],
+                 [s["max"] - m for s, m in zip(summaries, med)]]
+
+
 def describe(name: str, s: Optional[dict]) -> str:
     """One table row: name, median (min-max), target and whether it is met."""
     if s is None:

@@ -166,10 +166,8 @@ def main():
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(8, 4))
         names = list(tables)
-        med = [tables[n]["tokens_per_s"]["median"] for n in names]
-        ax.bar(names, med, yerr=[[m - tables[n]["tokens_per_s"]["min"] for n, m in zip(names, med)],
-                                 [tables[n]["tokens_per_s"]["max"] - m for n, m in zip(names, med)]],
-               capsize=4)
+        med, err = method.error_bars([tables[n]["tokens_per_s"] for n in names])
+        ax.bar(names, med, yerr=err, capsize=4)
         lim = tables.get("torch_uvm_offload", {}).get("link_limit_tokens_per_s")
         if lim:
             ax.axhline(lim["median"], color="k", ls="--", label="link limit (torch_uvm's share)")

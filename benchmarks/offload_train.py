@@ -287,10 +287,8 @@ def main():
         fig, axes = plt.subplots(1, len(tables), figsize=(6.5 * len(tables), 4.5), squeeze=False)
         for ax, (s, t) in zip(axes[0], tables.items()):
             names = list(t["variants"])
-            med = [t["variants"][n]["s_per_step"]["median"] for n in names]
-            ax.bar(names, med, capsize=4, yerr=[
-                [m - t["variants"][n]["s_per_step"]["min"] for n, m in zip(names, med)],
-                [t["variants"][n]["s_per_step"]["max"] - m for n, m in zip(names, med)]])
+            med, err = method.error_bars([t["variants"][n]["s_per_step"] for n in names])
+            ax.bar(names, med, capsize=4, yerr=err)
             if t["link_limit"]:
                 ax.axhline(t["link_limit"]["seconds"], color="k", ls="--",
                            label="link limit (torch_uvm's placement)")

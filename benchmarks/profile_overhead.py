@@ -131,9 +131,7 @@ def main():
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(8, 4))
         names = list(comparisons)
-        med = [comparisons[n]["median"] for n in names]
-        err = [[m - comparisons[n]["min"] for n, m in zip(names, med)],
-               [comparisons[n]["max"] - m for n, m in zip(names, med)]]
+        med, err = method.error_bars([comparisons[n] for n in names])
         ax.barh(names, med, xerr=err)
         ax.axvline(1.0, color="k", lw=1)
         ax.set_xlabel("time with recording / time without (same round)")
