@@ -1,3 +1,13 @@
+// Which managed memory the driver's unified-memory counters see, depending on
+// when counting first began (tests/results/README.md, session 11). On the GPU
+// machine, from the repository root:
+//   /usr/bin/g++ -O2 -std=c++17 -DTORCH_UVM_WITH_CUPTI scripts/probes/um_counters_order.cpp \
+//       csrc/runtime/gpu_runtime.cpp csrc/runtime/um_counters.cpp csrc/core/*.cpp -Icsrc \
+//       -I/usr/local/cuda/include -L/usr/local/cuda/lib64 -lcudart -ldl -lpthread -o /tmp/probe
+//   for o in after context first restart; do /tmp/probe $o; done
+// after: allocate (the first CUDA call), then start counting; context: make
+// the context, start, allocate; first: start before anything; restart:
+// start and stop, then as "after".
 #include <cuda_runtime_api.h>
 #include <chrono>
 #include <cstdio>
