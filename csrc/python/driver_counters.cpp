@@ -55,7 +55,6 @@ py::dict to_dict(const UmEvent& e, const AddressNames& names) {
 
 void bind_driver_counters(py::module_& m) {
   m.def("um_counters_start", [] { return translate_errors([] { return UmCounters::start(); }); });
-  m.def("um_counters_recording", &UmCounters::recording);
   m.def("driver_counters_not_armed", &driver_counters_not_armed);
   // names: [(address, bytes, name)], the first name of a byte keeps it.
   m.def("um_counters_stop", [](const std::vector<std::tuple<std::uintptr_t, std::size_t,
