@@ -193,7 +193,11 @@ class Profile:
             if torch.cuda.is_initialized():
                 torch.cuda.synchronize()      # the migrations of the block are done
         finally:                              # (a sticky CUDA error must not leave CUPTI on)
-            events, self.driver_dropped, missing = _C.um_counters_stop(self._names + labels)
+            events, self.driver_dropped, missing, other = _C.um_counters_stop(self._names + labels)
+        if other:
+            warnings.warn(f"torch_uvm.profile: CUPTI handed torch_uvm {other} records of another "
+                          "tool (torch.profiler in a schedule's warmup, Nsight Systems): that "
+                          "tool's trace misses them", stacklevel=3)
         if missing:
             warnings.warn(f"torch_uvm.profile: this GPU does not report: {missing}", stacklevel=3)
         for e in events:

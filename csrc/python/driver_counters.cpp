@@ -65,7 +65,7 @@ void bind_driver_counters(py::module_& m) {
     name_allocations(names);
     py::list events;
     for (const UmEvent& e : r.events) events.append(to_dict(e, names));
-    return py::make_tuple(events, r.dropped, r.missing);
+    return py::make_tuple(events, r.dropped, r.missing, r.other);
   });
 }
 

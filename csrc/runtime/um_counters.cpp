@@ -41,7 +41,8 @@ bool find(void* lib, const char* name, F* f) {
 }
 
 const Cupti& cupti() {
-  static const Cupti loaded = [] {
+  // Leaked: CUPTI may call back while the process exits.
+  static const Cupti* loaded = new Cupti([] {
     Cupti c;
     const std::string versioned = "libcupti.so." + std::to_string(CUDART_VERSION / 1000);
     void* lib = dlopen(versioned.c_str(), RTLD_NOW | RTLD_GLOBAL);
@@ -62,8 +63,8 @@ const Cupti& cupti() {
                      find(lib, "cuptiGetTimestamp", &c.timestamp);
     if (!all) c.error = "the libcupti found lacks the unified-memory activity API";
     return c;
-  }();
-  return loaded;
+  }());
+  return *loaded;
 }
 
 // Every CUPTI call goes through here: the call, and CUPTI's own words.
@@ -85,7 +86,9 @@ struct Recording {
   bool on = false;
   bool armed = false;
   std::set<std::uint8_t*> buffers;       // ours: another client's go back untouched
-  std::int64_t cupti_to_steady_ns = 0;   // add to a CUPTI time
+  bool starting = false;                 // a start() between its check and its end
+  std::uint64_t cupti_at_start = 0;      // CUPTI's clock and the steady clock read
+  std::int64_t steady_at_start = 0;      // together when the recording began
   UmRecording taken;
 };
 
@@ -134,21 +137,32 @@ UmEvent::Cause cause_of(std::uint32_t flags) {
   }
 }
 
-UmEvent event_of(const CUpti_ActivityUnifiedMemoryCounter3& r, std::int64_t shift, bool* known) {
+// CUDA 12.8 (CUPTI API 26) added the third version of the record; the
+// fields read here are the same in the second.
+#if CUPTI_API_VERSION >= 26
+using UmRecord = CUpti_ActivityUnifiedMemoryCounter3;
+#else
+using UmRecord = CUpti_ActivityUnifiedMemoryCounter2;
+#endif
+
+UmEvent event_of(const UmRecord& r, bool* known) {
   UmEvent e;
   e.kind = kind_of(r.counterKind, known);
-  const bool moves = e.kind == UmEvent::kToGpu || e.kind == UmEvent::kToHost;
+  const bool moves = e.kind == UmEvent::kToGpu || e.kind == UmEvent::kToHost ||
+                     e.kind == UmEvent::kGpuToGpu;
   e.cause = moves ? cause_of(r.flags) : UmEvent::kUnknown;
   e.address = static_cast<std::uintptr_t>(r.address);
   e.value = e.kind == UmEvent::kCpuFault ? 1 : r.value;   // a CPU fault's value is its PC
-  e.start_ns = static_cast<std::int64_t>(r.start) + shift;
+  e.start_ns = static_cast<std::int64_t>(r.start);     // CUPTI's clock: stop() converts
   const bool has_end = e.kind == UmEvent::kToGpu || e.kind == UmEvent::kToHost ||
                        e.kind == UmEvent::kGpuFault || e.kind == UmEvent::kThrottling ||
                        e.kind == UmEvent::kGpuToGpu;
-  e.end_ns = has_end && r.end >= r.start ? static_cast<std::int64_t>(r.end) + shift : e.start_ns;
+  e.end_ns = has_end && r.end >= r.start ? static_cast<std::int64_t>(r.end) : e.start_ns;
   // The GPU involved: the destination of a move to it, else the source.
   const std::uint32_t gpu = e.kind == UmEvent::kToGpu ? r.dstId : r.srcId;
-  e.device = gpu == CUPTI_UNIFIED_MEMORY_CPU_DEVICE_ID || e.kind == UmEvent::kCpuFault
+  // (thrashing's srcId is a mask of the GPUs fighting over the range: none named)
+  e.device = gpu == CUPTI_UNIFIED_MEMORY_CPU_DEVICE_ID || e.kind == UmEvent::kCpuFault ||
+                     e.kind == UmEvent::kThrashing
                  ? kCpuDevice : static_cast<DeviceIndex>(gpu);
   return e;
 }
@@ -158,12 +172,10 @@ void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream, std::uin
   Recording& r = state();
   std::vector<UmEvent> events;
   CUpti_Activity* record = nullptr;
-  std::int64_t shift;
   {
     std::lock_guard<std::mutex> lock(r.mutex);
     // A buffer another client asked for before we registered: not ours to read or free.
     if (r.buffers.erase(buffer) == 0) return;
-    shift = r.cupti_to_steady_ns;
   }
   std::uint64_t other = 0;
   while (valid > 0 && cupti().next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
@@ -172,8 +184,7 @@ void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream, std::uin
       continue;
     }
     bool known = false;
-    UmEvent e = event_of(*reinterpret_cast<const CUpti_ActivityUnifiedMemoryCounter3*>(record),
-                         shift, &known);
+    UmEvent e = event_of(*reinterpret_cast<const UmRecord*>(record), &known);
     if (known) events.push_back(e);
   }
   std::size_t dropped = 0;
@@ -225,9 +236,20 @@ std::string UmCounters::start() {
   Recording& r = state();
   {
     std::lock_guard<std::mutex> lock(r.mutex);
-    if (r.on) return "a recording of the driver's counters is already running";
+    if (r.on || r.starting) return "a recording of the driver's counters is already running";
+    r.starting = true;
   }
+  struct Done {   // whatever happens, the next start() may try
+    Recording& r;
+    ~Done() {
+      std::lock_guard<std::mutex> lock(r.mutex);
+      r.starting = false;
+    }
+  } done{r};
   if (!cupti().error.empty()) return cupti().error;
+  if (std::getenv("CUDA_INJECTION64_PATH") != nullptr) {
+    return "a CUDA tool injected into this process (Nsight Systems?) holds CUPTI";
+  }
   // Configuring needs the driver initialized; this does it where nothing has yet.
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -246,15 +268,20 @@ std::string UmCounters::start() {
     why = configure(count);
   }
   if (!why.empty()) return why;
+  std::uint64_t now = 0;
+  why = failure(cupti().timestamp(&now), "cuptiGetTimestamp");
+  if (!why.empty()) return why;
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.cupti_at_start = now;
+    r.steady_at_start = steady_now_ns();
+    r.taken = UmRecording{};
+    r.taken.missing = missing;
+  }
   why = failure(cupti().enable(CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER),
                 "cuptiActivityEnable(UNIFIED_MEMORY_COUNTER)");
   if (!why.empty()) return why;
-  std::uint64_t now = 0;
-  check(cupti().timestamp(&now), "cuptiGetTimestamp");
   std::lock_guard<std::mutex> lock(r.mutex);
-  r.cupti_to_steady_ns = steady_now_ns() - static_cast<std::int64_t>(now);
-  r.taken = UmRecording{};
-  r.taken.missing = missing;
   r.on = true;
   r.armed = true;
   return "";
@@ -262,9 +289,13 @@ std::string UmCounters::start() {
 
 std::string UmCounters::arm() {
   if (armed()) return "";
-  const std::string why = start();
-  if (why.empty()) stop();
-  return why;
+  try {   // an optional feature: never a failure of the allocator that arms it
+    const std::string why = start();
+    if (why.empty()) stop();
+    return why;
+  } catch (const std::exception& e) {
+    return e.what();
+  }
 }
 
 bool UmCounters::armed() {
@@ -291,10 +322,26 @@ UmRecording UmCounters::stop() {
   const std::string disabled = failure(cupti().disable(CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER),
                                        "cuptiActivityDisable(UNIFIED_MEMORY_COUNTER)");
   cupti().flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  std::uint64_t cupti_now = 0;
+  const bool timed = cupti().timestamp(&cupti_now) == CUPTI_SUCCESS;
+  const std::int64_t steady_now = steady_now_ns();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.on = false;
   UmRecording out = std::move(r.taken);
   r.taken = UmRecording{};
+  // CUPTI's clock to the steady clock: a line through the pairs read at start
+  // and now (another client, kineto, may give CUPTI a clock of other units).
+  const double span = timed && cupti_now > r.cupti_at_start
+                          ? static_cast<double>(cupti_now - r.cupti_at_start) : 0.0;
+  const double scale = span > 0 ? static_cast<double>(steady_now - r.steady_at_start) / span : 1.0;
+  auto steady = [&](std::int64_t t) {
+    return r.steady_at_start + static_cast<std::int64_t>(
+                                   (static_cast<double>(t) - static_cast<double>(r.cupti_at_start)) * scale);
+  };
+  for (UmEvent& e : out.events) {
+    e.start_ns = steady(e.start_ns);
+    e.end_ns = steady(e.end_ns);
+  }
   if (!flushed.empty() || !disabled.empty())
     throw RuntimeError("torch_uvm: stopping the driver's counters: " + flushed + " " + disabled);
   return out;
