@@ -11,14 +11,17 @@ Modes:
   ddp_resident the reference of ddp_offload: the same DDP, all resident
 
 Every rank trains `--steps` steps on its own batch (seeded by rank) and rank 0
-writes {"losses": [[rank 0's], [rank 1's], ...], "memory": {...}} to --out,
-where memory says, per rank, the bytes PyTorch's statistics show on each GPU
-(a rank must hold memory on its own GPU only). With --device cpu (gloo), the
+writes {"ranks": [{"losses", "memory", "contexts", "pid", "device"}, ...],
+"nvidia_smi": {pid: [GPUs]}} to --out: per rank, the bytes PyTorch's
+statistics show on each GPU and the GPUs it holds a context on, and which
+GPUs nvidia-smi sees each process on (a rank must be on its own GPU only). With --device cpu (gloo), the
 DDP modes run on the CPU: a check of this script that needs no GPU.
 """
 import argparse
+import ctypes
 import json
 import os
+import subprocess
 
 import torch
 import torch.distributed as dist
@@ -34,6 +37,36 @@ def model_and_batches(seed_rank: int, device: torch.device, steps: int):
     batches = [(torch.randn(8, 64, 256, generator=g), torch.randn(8, 64, 256, generator=g))
                for _ in range(steps)]
     return model, [(x.to(device), y.to(device)) for x, y in batches]
+
+
+def context_active(ordinal: int) -> bool:
+    """Whether this process holds a context on GPU `ordinal` (the driver's
+    answer: a rank that touched another GPU would hold one there)."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    assert cuda.cuDeviceGet(ctypes.byref(dev), ordinal) == 0
+    assert cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) == 0
+    return bool(active.value)
+
+
+def gpus_by_pid() -> dict:
+    """{pid: [GPU indices]} of the processes nvidia-smi sees ({} where it
+    sees none, as in some containers)."""
+    try:
+        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid",
+                               "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=60).stdout
+        gpus = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    index_of = {u.strip(): int(i) for i, u in (l.split(",") for l in gpus.splitlines() if l)}
+    seen = {}
+    for line in apps.splitlines():
+        if "," in line:
+            pid, uuid = (v.strip() for v in line.split(","))
+            seen.setdefault(pid, []).append(index_of.get(uuid, -1))
+    return seen
 
 
 def main():
@@ -83,19 +116,24 @@ def main():
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
-    memory = {}
+    memory, contexts = {}, {}
     if device.type == "cuda":
         torch.cuda.synchronize()
         memory = {f"cuda:{d}": torch.cuda.memory_allocated(d)
                   for d in range(torch.cuda.device_count())}
+        contexts = {f"cuda:{d}": context_active(d) for d in range(torch.cuda.device_count())}
     gathered = [None] * world
     dist.all_gather_object(gathered, {"rank": rank, "losses": losses, "memory": memory,
-                                      "pid": os.getpid(), "device": str(device)})
+                                      "contexts": contexts, "pid": os.getpid(),
+                                      "device": str(device)})
+    if rank == 0:   # every rank still holds its memory: the others wait at the barrier
+        smi = gpus_by_pid() if device.type == "cuda" else {}
+        with open(args.out, "w") as f:
+            json.dump({"mode": args.mode, "uvm": args.uvm, "ranks": gathered,
+                       "nvidia_smi": smi}, f, indent=1)
+    dist.barrier()
     if handle is not None:
         handle.undo()
-    if rank == 0:
-        with open(args.out, "w") as f:
-            json.dump({"mode": args.mode, "uvm": args.uvm, "ranks": gathered}, f, indent=1)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -28,10 +28,18 @@ def losses(run: dict):
 
 
 def assert_memory_on_own_gpu_only(run: dict):
+    """PyTorch's statistics, the driver's contexts and nvidia-smi agree: each
+    rank holds memory on its own GPU and nothing on the other."""
     for rank in run["ranks"]:
         own = rank["device"]
         assert rank["memory"][own] > 0, rank
         assert all(v == 0 for d, v in rank["memory"].items() if d != own), rank
+        assert rank["contexts"] == {d: d == own for d in rank["contexts"]}, rank
+    print("nvidia-smi per process:", run["nvidia_smi"])
+    for rank in run["ranks"]:   # in a container nvidia-smi may not see the processes
+        seen = run["nvidia_smi"].get(str(rank["pid"]))
+        if seen is not None:
+            assert seen == [int(rank["device"].split(":")[1])], (rank, seen)
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
