@@ -19,6 +19,7 @@ Batches are the user's own managed tensors, so they move as the same memory:
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 from typing import Dict, Iterable, Iterator, List, Optional, Union
@@ -175,6 +176,15 @@ def _wait_last_use(r: _Range) -> None:
         r.last_use.synchronize()
 
 
+def _traced(what: str, nbytes: int):
+    """A range "torch_uvm::<what> <bytes>" in a running torch.profiler trace
+    (and NVTX under emit_nvtx), around the prefetches and advice it holds,
+    which carry their bytes and stream; nothing when no profiler runs."""
+    if not torch.autograd._profiler_enabled():
+        return contextlib.nullcontext()
+    return torch.profiler.record_function(f"torch_uvm::{what} {nbytes} bytes")
+
+
 def _evict(steps, side: torch.cuda.Stream) -> None:
     for address, _, how in steps:
         r = _RANGES.get(address)
@@ -182,13 +192,15 @@ def _evict(steps, side: torch.cuda.Stream) -> None:
             continue
         _wait_last_use(r)
         if how == "drop" and r.read_mostly:
-            _drop_copy(r)
+            with _traced("drop", r.nbytes):
+                _drop_copy(r)
         else:
             # (also a range not read-mostly: there is no second copy to fall back on)
-            _C.prefetch(r.tensor, torch.device("cpu"), side)
-            if r.read_mostly:         # the prefetch made a CPU copy: drop the GPU's
-                side.synchronize()
-                _drop_copy(r)
+            with _traced("write_home", r.nbytes):
+                _C.prefetch(r.tensor, torch.device("cpu"), side)
+                if r.read_mostly:     # the prefetch made a CPU copy: drop the GPU's
+                    side.synchronize()
+                    _drop_copy(r)
         r.device = None
         if _RANGES.get(address) is r:
             del _RANGES[address]
@@ -228,7 +240,8 @@ def _bring(ranges: List[_Range], device: torch.device, stream: torch.cuda.Stream
                 _BUDGET.admit(device.index, r.address, r.nbytes, written)  # most recent
                 continue
             _evict(_BUDGET.admit(device.index, r.address, r.nbytes, written), stream)
-            _C.prefetch(r.tensor, device, stream)
+            with _traced("bring", r.nbytes):
+                _C.prefetch(r.tensor, device, stream)
             r.device = device
 
 

@@ -76,11 +76,6 @@ std::string failure(CUptiResult result, const char* call) {
                         static_cast<int>(result), ")");
 }
 
-void check(CUptiResult result, const char* call) {
-  const std::string why = failure(result, call);
-  if (!why.empty()) throw RuntimeError("torch_uvm: " + why);
-}
-
 struct Recording {
   std::mutex mutex;
   bool on = false;

@@ -29,6 +29,7 @@
 #include "torch/prefetch_advise.h"
 #include "torch/staged_copy.h"
 #include "torch/state.h"
+#include "torch/trace_scope.h"
 #include "torch_uvm/torch_uvm.h"
 
 namespace torch_uvm {
@@ -95,6 +96,7 @@ at::Tensor& copy_kernel(at::Tensor& self, const at::Tensor& src, bool non_blocki
   const at::Device target = self.device();
   auto [ptr, bytes] = tensor_span(src);
   StreamRef stream = current_stream_ref(target);
+  TraceScope scope("prefetched_copy", [&] { return "to " + target.str(); }, bytes, stream);
   translate_errors([&] {
     // The source's block is read on `stream`: it is not reused before that.
     allocator().record_stream(src.storage().data(), stream);

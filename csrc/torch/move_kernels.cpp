@@ -31,6 +31,7 @@
 #include "torch/prefetch_advise.h"
 #include "torch/record_stream.h"
 #include "torch/state.h"
+#include "torch/trace_scope.h"
 #include "torch_uvm/torch_uvm.h"
 
 namespace torch_uvm {
@@ -96,6 +97,8 @@ at::Tensor move(const at::Tensor& self, at::Device target, bool non_blocking) {
   // Work on a GPU is ordered on that GPU's current stream; a move to the CPU
   // is ordered after the work queued on the source GPU.
   StreamRef stream = current_stream_ref(target.is_cuda() ? target : self.device());
+  TraceScope scope("move", [&] { return self.device().str() + " to " + target.str(); }, bytes,
+                   stream);
   translate_errors([&] {
     if (self.device().is_cuda() && target.is_cuda()) wait_for_source(self.device(), stream);
     if (target.is_cuda()) a.record_stream(self.storage().data(), stream);

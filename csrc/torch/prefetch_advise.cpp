@@ -5,6 +5,8 @@
 #include "torch/managed_allocator.h"
 #include "torch/managed_tensor.h"
 #include "torch/prefetch_advise.h"
+
+#include "torch/trace_scope.h"
 #include "torch/state.h"
 #include "torch_uvm/torch_uvm.h"
 
@@ -69,6 +71,7 @@ void prefetch(const at::Tensor& t, std::optional<at::Device> device,
   // Explicit prefetches leave the caller's thread too: the stream still
   // waits for them.
   if (capture_underway()) return;
+  TraceScope scope("prefetch", [&] { return "to " + target.str(); }, bytes, ref);
   translate_errors([&] { schedule_prefetch(ptr, bytes, to_index(target), ref, true); });
 }
 
@@ -98,6 +101,7 @@ void advise(const at::Tensor& t, const std::string& advice, std::optional<at::De
   if (!managed_hints_supported()) return;
   auto [ptr, bytes] = tensor_span(t);
   if (bytes == 0) return;
+  TraceScope scope("advise", [&] { return advice + " " + target.str(); }, bytes);
   translate_errors([&] { allocator().runtime().advise(ptr, bytes, *chosen, to_index(target)); });
 }
 

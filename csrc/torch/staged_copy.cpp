@@ -20,6 +20,7 @@
 
 #include "torch/managed_allocator.h"
 #include "torch/state.h"
+#include "torch/trace_scope.h"
 #include "torch_uvm/torch_uvm.h"
 
 namespace torch_uvm {
@@ -63,6 +64,7 @@ void staged_copy_to_cpu(at::Tensor& dst, const at::Tensor& src) {
   at::Tensor bytes = to.view(at::kByte);
   const char* source = static_cast<const char*>(from.const_data_ptr());
   const StreamRef stream = current_stream_ref(src.device());
+  TraceScope scope("staged_copy", [&] { return src.device().str() + " to cpu"; }, total, stream);
   translate_errors([&] {
     Runtime& rt = allocator().runtime();
     Events filled(rt);

@@ -3,8 +3,8 @@
 // stream its copies run on as arguments. It shows in torch.profiler traces
 // (export_chrome_trace, TensorBoard), where the copies it queues are linked
 // to it, and, under torch.autograd.profiler.emit_nvtx, as an NVTX range in
-// Nsight Systems. With no profiler on, a range costs one check: its bytes
-// (a number, or a function giving it) are computed only when one listens.
+// Nsight Systems. With no profiler on, a range costs one check: its subject
+// and bytes are computed only when one listens.
 #pragma once
 
 #include <ATen/record_function.h>
@@ -17,35 +17,51 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/types.h"
+
 namespace torch_uvm {
 
 class TraceScope {
  public:
-  template <class Bytes = std::size_t>
-  TraceScope(const char* what, const std::string& subject, Bytes&& bytes = 0,
+  // `stream`: the stream its copies run on (none: the caller's thread only).
+  // `subject` and `bytes` are values, or functions giving them, called only
+  // when a profiler listens.
+  template <class Subject, class Bytes = std::size_t>
+  TraceScope(const char* what, Subject&& subject, Bytes&& bytes = 0,
              const c10::cuda::CUDAStream* stream = nullptr)
       : guard_(at::RecordScope::USER_SCOPE) {
     if (!guard_.isActive()) return;
-    std::string name = std::string("torch_uvm::") + what;
-    if (!subject.empty()) name += " " + subject;
-    std::size_t n = 0;
-    if constexpr (std::is_invocable_v<Bytes>) {
-      n = bytes();
-    } else {
-      n = static_cast<std::size_t>(bytes);
-    }
-    std::unordered_map<std::string, c10::IValue> args{{"bytes", static_cast<int64_t>(n)}};
-    if (stream != nullptr) {
-      args.emplace("cuda_stream", static_cast<int64_t>(
-                                      reinterpret_cast<std::uintptr_t>(stream->stream())));
-    }
-    const std::vector<c10::IValue> inputs;
-    guard_.before(name, &inputs, &args);
+    begin(what, value<std::string>(subject), value<std::size_t>(bytes),
+          stream == nullptr ? 0 : reinterpret_cast<std::uintptr_t>(stream->stream()));
+  }
+  template <class Subject, class Bytes>
+  TraceScope(const char* what, Subject&& subject, Bytes&& bytes, StreamRef stream)
+      : guard_(at::RecordScope::USER_SCOPE) {
+    if (!guard_.isActive()) return;
+    begin(what, value<std::string>(subject), value<std::size_t>(bytes), stream.handle);
   }
   TraceScope(const TraceScope&) = delete;
   TraceScope& operator=(const TraceScope&) = delete;
 
  private:
+  template <class T, class V>
+  static T value(V& v) {
+    if constexpr (std::is_invocable_v<V&>) {
+      return static_cast<T>(v());
+    } else {
+      return static_cast<T>(v);
+    }
+  }
+  void begin(const char* what, const std::string& subject, std::size_t bytes,
+             std::uintptr_t stream) {
+    std::string name = std::string("torch_uvm::") + what;
+    if (!subject.empty()) name += " " + subject;
+    std::unordered_map<std::string, c10::IValue> args{{"bytes", static_cast<int64_t>(bytes)}};
+    if (stream != 0) args.emplace("cuda_stream", static_cast<int64_t>(stream));
+    const std::vector<c10::IValue> inputs;
+    guard_.before(name, &inputs, &args);
+  }
+
   at::RecordFunction guard_;
 };
 

@@ -140,3 +140,54 @@ def test_a_trace_and_a_plot_show_the_driver_events(uvm, on_host, tmp_path):
     pytest.importorskip("matplotlib")
     p.plot(str(tmp_path / "t.png"))
     assert (tmp_path / "t.png").stat().st_size > 0
+
+
+def test_torch_uvms_own_work_is_named_in_a_torch_profiler_trace(uvm, tmp_path):
+    """Issue 22, point 1: a prefetch, an advice, a move, a prefetched copy to
+    the GPU, a staged copy to the CPU, and the bring and eviction of streamed
+    batches each show as a torch_uvm:: range with its bytes and, where it
+    queues work, the stream."""
+    import json
+    from torch.profiler import ProfilerActivity, profile
+    x = torch.ones(2 * MiB)                                   # 8 MiB managed CPU tensors
+    gpu_dst = torch.empty(2 * MiB, device="cuda")
+    host_dst = torch.empty(2 * MiB)
+    data = torch.arange(8 * MiB, dtype=torch.float32)          # 32 MiB of batches
+    try:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            uvm.advise(x, "preferred_location", "cpu")
+            uvm.prefetch(x, "cuda")
+            moved = x.to("cuda")
+            gpu_dst.copy_(x)                                  # a managed source: prefetched
+            host_dst.copy_(gpu_dst)                           # into a managed CPU tensor: staged
+            uvm.set_residency_limit(12 * MiB)                 # 3 of the 8 batches: some leave
+            for batch in uvm.prefetching(list(data.split(1 * MiB)), "cuda"):
+                batch.sum()
+            torch.cuda.synchronize()
+    finally:
+        uvm.evict()
+        uvm.set_residency_limit(None)
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    ours = [e for e in json.loads(path.read_text())["traceEvents"]
+            if e.get("name", "").startswith("torch_uvm::")]
+    by_name = {}
+    for e in ours:
+        by_name.setdefault(e["name"], []).append(e)
+    stream = torch.cuda.current_stream().cuda_stream
+    expect = {"torch_uvm::advise preferred_location cpu": x.nbytes,
+              "torch_uvm::prefetch to cuda:0": x.nbytes,
+              "torch_uvm::move cpu to cuda:0": x.nbytes,
+              "torch_uvm::prefetched_copy to cuda:0": x.nbytes,
+              "torch_uvm::staged_copy cuda:0 to cpu": x.nbytes}
+    for name, nbytes in expect.items():                      # (batches move and are advised too)
+        assert name in by_name, (name, sorted(by_name))
+        assert any(e["args"]["bytes"] == nbytes for e in by_name[name]), by_name[name]
+    for name in ("torch_uvm::move cpu to cuda:0", "torch_uvm::prefetched_copy to cuda:0",
+                 "torch_uvm::staged_copy cuda:0 to cpu"):
+        assert {e["args"]["cuda_stream"] for e in by_name[name]} == {stream}, by_name[name]
+    brought = [n for n in by_name if n.startswith("torch_uvm::bring ")]
+    left = [n for n in by_name if n.startswith(("torch_uvm::drop ", "torch_uvm::write_home "))]
+    assert brought == [f"torch_uvm::bring {4 * MiB} bytes"], sorted(by_name)
+    assert len(by_name[brought[0]]) == 8 and left, sorted(by_name)
+    assert moved.data_ptr() == x.data_ptr()
