@@ -185,7 +185,9 @@ def profiled(fn: Callable[[], None], path: str) -> dict:
     to more than the span."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    # record_shapes: a range's arguments (torch_uvm's bytes) reach the trace
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 record_shapes=True) as prof:
         fn()
         torch.cuda.synchronize()
     prof.export_chrome_trace(path)

@@ -143,6 +143,15 @@ bool StreamExecutor::leave(int id, bool written) {
 void StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAStream stream) {
   auto ready = std::make_shared<RuntimeEvent>(allocator().runtime());
   bool brought = false;
+  // A home written in place on the compute stream (DDP's averaged gradient)
+  // is copied after that write.
+  for (int id : ids) {
+    if (entries_[id].tensor->written_at_home()) {
+      compute_done_.record(ref(compute()));
+      compute_done_.block(ref(stream));
+      break;
+    }
+  }
   std::vector<int> held;
   try {
     for (int id : ids) {
@@ -299,7 +308,13 @@ void StreamExecutor::grads_ready(int unit, bool send_home) {
     }
     fresh.push_back(gid);
   }
-  if (send_home && !fresh.empty()) evict_now(fresh);  // adopted written: they go home
+  if (send_home && !fresh.empty()) {
+    evict_now(fresh);  // adopted written: they go home
+    // .grad now points at its home while the copy there is under way: what
+    // the compute stream does next with it (DDP copies it into a bucket,
+    // then writes the averaged gradient back) comes after the copy
+    homes_written_.block(ref(compute()));
+  }
   after(unit);
 }
 

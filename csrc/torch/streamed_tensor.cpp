@@ -162,6 +162,7 @@ void StreamedTensor::leave(bool written, const RuntimeEvent& done,
   record_slot_stream(slot_, compute);
   point_at(target_, home_);
   slot_ = c10::Storage();
+  version_ = version();
 }
 
 void StreamedTensor::retarget(at::Tensor target) {

@@ -95,6 +95,9 @@ class StreamedTensor {
   // Whether the target was written since it was brought (its version
   // counter moved: an in-place op, load_state_dict, an optimizer step).
   bool changed() const;
+  // Whether the target was written in place while at home (DDP's averaged
+  // gradient, an accumulation): such writes run on a compute stream.
+  bool written_at_home() const { return !in_slot() && has_home() && changed(); }
   // The event that says the slot is filled (shared by a bring's tensors).
   std::shared_ptr<RuntimeEvent> ready;
 
@@ -108,7 +111,7 @@ class StreamedTensor {
   c10::Storage slot_;           // defined while on the GPU
   RuntimeEvent home_written_;   // the last copy home
   bool own_home_ = false;       // made here (a gradient's, a state's), not given
-  std::int64_t version_ = 0;    // the target's version when brought
+  std::int64_t version_ = 0;    // the target's version when brought, adopted or sent home
 };
 
 }  // namespace torch_uvm

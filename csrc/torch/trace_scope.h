@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -31,8 +32,9 @@ class TraceScope {
              const c10::cuda::CUDAStream* stream = nullptr)
       : guard_(at::RecordScope::USER_SCOPE) {
     if (!guard_.isActive()) return;
-    begin(what, value<std::string>(subject), value<std::size_t>(bytes),
-          stream == nullptr ? 0 : reinterpret_cast<std::uintptr_t>(stream->stream()));
+    std::optional<std::uintptr_t> handle;
+    if (stream != nullptr) handle = reinterpret_cast<std::uintptr_t>(stream->stream());
+    begin(what, value<std::string>(subject), value<std::size_t>(bytes), handle);
   }
   template <class Subject, class Bytes>
   TraceScope(const char* what, Subject&& subject, Bytes&& bytes, StreamRef stream)
@@ -53,11 +55,12 @@ class TraceScope {
     }
   }
   void begin(const char* what, const std::string& subject, std::size_t bytes,
-             std::uintptr_t stream) {
+             std::optional<std::uintptr_t> stream) {
     std::string name = std::string("torch_uvm::") + what;
     if (!subject.empty()) name += " " + subject;
     std::unordered_map<std::string, c10::IValue> args{{"bytes", static_cast<int64_t>(bytes)}};
-    if (stream != 0) args.emplace("cuda_stream", static_cast<int64_t>(stream));
+    // (the default stream's handle is 0: still a stream)
+    if (stream.has_value()) args.emplace("cuda_stream", static_cast<int64_t>(*stream));
     const std::vector<c10::IValue> inputs;
     guard_.before(name, &inputs, &args);
   }

@@ -102,7 +102,7 @@ def test_offload_and_prefetching_on_cuda1_while_cuda0_works(uvm):
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)])   # 32 MiB
     want = model(torch.ones(4, 1024)).detach()
-    handle = uvm.offload(model, budget=12 * MiB, device="cuda:1")
+    handle = uvm.offload(model, budget=12 * MiB, device="cuda:1", mode="prefetch")   # slots
     busy = torch.randn(4096, 4096, device="cuda:0")
     before0 = uvm.residency_stats("cuda:0")["prefetched_bytes"]
     seen = []

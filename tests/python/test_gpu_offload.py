@@ -710,3 +710,64 @@ def test_evict_lets_everything_not_in_use_leave(uvm, budget):
     with pytest.raises(ValueError, match="planned for inference"):   # ... not for training
         h.stream_optimizer(torch.optim.SGD(h.module.parameters(), lr=0.1))
     h.undo()
+
+
+def test_a_gradient_read_right_after_it_went_home_is_the_gradient(uvm):
+    """DDP reads each gradient on the compute stream from a hook that runs
+    after torch_uvm's (to copy it into its bucket), then writes the averaged
+    one back. A gradient sent home points at its home at once: the compute
+    stream must not read it before the copy there lands (issue 21: DDP over
+    offloaded replicas gave other losses than resident DDP)."""
+    torch.manual_seed(1)
+    xs = [torch.randn(64, 1024, device="cuda") for _ in range(2)]
+    reference = make_model(width=1024).cuda()
+    want = []
+    for x in xs:                                          # the weights never change (lr 0)
+        reference.zero_grad(set_to_none=True)
+        reference(x).square().mean().backward()
+        want.append([p.grad.clone() for p in reference.parameters()])
+    model = make_model(width=1024)                        # 8 x 4 MiB
+    handle = uvm.offload(model, budget=24 * MiB)
+    optimizer = handle.stream_optimizer(torch.optim.SGD(model.parameters(), lr=0.0))
+    read = {}
+    hooks = [p.register_post_accumulate_grad_hook(         # after torch_uvm's: as DDP's
+        lambda p, i=i: read.__setitem__(i, p.grad.clone())) for i, p in enumerate(model.parameters())]
+    try:
+        for x, grads in zip(xs, want):                    # the second: homes hold the first's
+            read.clear()
+            model(x).square().mean().backward()
+            torch.cuda.synchronize()
+            assert sorted(read) == list(range(len(grads)))
+            for i, g in enumerate(grads):
+                torch.testing.assert_close(read[i].cpu(), g.cpu(), rtol=0, atol=0, msg=f"grad {i}")
+            optimizer.step()
+            optimizer.zero_grad()                         # None: fresh gradients go home again
+    finally:
+        for h in hooks:
+            h.remove()
+        handle.undo()
+
+
+def test_a_step_reads_gradients_written_at_home_by_the_compute_stream(uvm):
+    """DDP writes the averaged gradient into .grad (at its home) on the
+    compute stream at the end of backward; the step's copies of the
+    gradients to the GPU run on another stream and must come after it."""
+    torch.manual_seed(1)
+    x = torch.randn(64, 1024, device="cuda")
+    model = make_model(width=1024)                        # 8 x 4 MiB
+    handle = uvm.offload(model, budget=24 * MiB)
+    optimizer = handle.stream_optimizer(torch.optim.SGD(model.parameters(), lr=1.0))
+    params = list(model.parameters())
+    try:
+        before = [p.detach().cpu() for p in params]
+        model(x).square().mean().backward()
+        assert any(where(p.grad) == "host" for p in params)   # gradients went home
+        torch.cuda._sleep(200_000_000)                    # the write below lands late
+        for p in params:
+            p.grad.fill_(1.0)                             # in place, on the compute stream
+        optimizer.step()
+        torch.cuda.synchronize()
+        for i, (p, w) in enumerate(zip(params, before)):
+            assert torch.equal(p.detach().cpu(), w - 1.0), f"parameter {i}"
+    finally:
+        handle.undo()
