@@ -61,17 +61,19 @@ def test_large_moves_prefetch_off_thread_and_kernels_see_the_data(uvm):
     for round in range(4):
         x.add_(1)                                   # CPU writes, pages on the host
         stream = side if round % 2 else torch.cuda.current_stream()
-        with torch.cuda.stream(stream):
-            y = x.to("cuda", non_blocking=True)
-            assert y.data_ptr() == x.data_ptr()
-        # The stream waits for the worker's prefetch: once it is done, the
-        # prefetch was issued. (A data check cannot tell: a prefetch never
-        # changes data, and page faults would bring the same bytes.)
-        stream.synchronize()
-        assert range_attribute(y, LAST_PREFETCH_LOCATION) == 0, "the stream did not wait"
-        with torch.cuda.stream(stream):
-            z = y * 2
-        stream.synchronize()
+        # The driver's counters: the kernel reads every page without a fault
+        with uvm.expect_no_gpu_faults(x):
+            with torch.cuda.stream(stream):
+                y = x.to("cuda", non_blocking=True)
+                assert y.data_ptr() == x.data_ptr()
+            # The stream waits for the worker's prefetch: once it is done, the
+            # prefetch was issued. (A data check cannot tell: a prefetch never
+            # changes data, and page faults would bring the same bytes.)
+            stream.synchronize()
+            assert range_attribute(y, LAST_PREFETCH_LOCATION) == 0, "the stream did not wait"
+            with torch.cuda.stream(stream):
+                z = y * 2
+            stream.synchronize()
         expected = (torch.arange(16 << 20, dtype=torch.int32) + round + 1) * 2
         assert torch.equal(z.cpu(), expected)
         del y, z
