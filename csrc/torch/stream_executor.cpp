@@ -323,6 +323,7 @@ void StreamExecutor::discard_grads(int unit) {
     if (gid < 0) continue;
     Entry& e = entries_[gid];
     if (!e.tensor->has_target()) continue;
+    TraceScope scope("discard", e.name, e.tensor->nbytes());  // dies on the GPU: no copy
     by_target_.erase(e.tensor->target().unsafeGetTensorImpl());
     budget_.discard(key(gid));
     e.tensor->abandon(compute());

@@ -574,6 +574,7 @@ def test_profiler_traces_name_what_the_offload_moves(uvm, tmp_path):
         for u in streamed:                                # brought, each by name
             assert f"torch_uvm::bring {u.name}" in names
         assert any(n.startswith("torch_uvm::write_home ") for n in names)
+        assert any(n.startswith("torch_uvm::discard ") and n.endswith(".grad") for n in names)
         brings = [e for e in ours if e["name"] == f"torch_uvm::bring {streamed[-1].name}"]
         assert brings[0]["args"].get("bytes") == streamed[-1].nbytes
         # its copies ran on streams other than the kernels' (the only copy
