@@ -11,6 +11,7 @@ optimizer: offload_training.py."""
 from __future__ import annotations
 
 import types
+import warnings
 import weakref
 from typing import Dict, List, Optional
 
@@ -168,8 +169,17 @@ class Offloaded:
         optimizer-in-backward). ``optimizer.step()`` then only finishes what
         backward did not step. Gradients are not there after backward (no
         clipping by global norm, no accumulation over several backwards:
-        use the default for those)."""
+        use the default for those). Not with data parallelism (DDP): a
+        submodule would step on this rank's own gradients before they are
+        averaged; a warning says so."""
         offload_training.check_optimizer(self, optimizer)
+        if step_in_backward and torch.distributed.is_available() and \
+                torch.distributed.is_initialized():
+            warnings.warn(
+                "torch_uvm: stream_optimizer(step_in_backward=True) with torch.distributed "
+                "initialized: each submodule steps during backward on this rank's own "
+                "gradients, before DistributedDataParallel averages them, so the replicas "
+                "drift apart. With DDP use step_in_backward=False (the default)", stacklevel=2)
         own = optimizer.step
         self._optimizers.append((optimizer, own))
         self.step_in_backward = bool(step_in_backward)
