@@ -16,8 +16,13 @@ after backward, and step_in_backward); PyTorch's FSDP2 with CPUOffloadPolicy
 (world size 1: weights, gradients and states in pinned host memory, the step
 on the CPU); for the MLP also torchao's CPUOffloadOptimizer and
 bitsandbytes' PagedAdamW, which keep the weights on the GPU (only the
-optimizer's states, and for torchao the gradients, live in host memory).
-Losses are compared with all-resident's, bit for bit.
+optimizer's states, and for torchao the gradients, live in host memory);
+DeepSpeed ZeRO-3 with its parameters and optimizer offloaded to the CPU
+(ZeRO-Infinity's placement at world size 1: fp32 weights and AdamW states
+in pinned host memory, gathered to the GPU per submodule, DeepSpeed's CPU
+Adam; carried as wheels: deepspeed built with DS_BUILD_OPS=0, its ops
+compiled by ninja on first use). Losses are compared with all-resident's,
+bit for bit.
 
 The link's limit: bytes a step must move each way, at the pinned rates
 measured by the pinned_rate variant in the same run, both ways at once, for torch_uvm's placement (the resident prefix its
@@ -43,8 +48,9 @@ SCENARIOS = {
 }
 PLAN = {
     "mlp": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload",
-            "torchao_cpu_offload", "bnb_paged_adamw"],
-    "gpt2": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload"],
+            "torchao_cpu_offload", "bnb_paged_adamw", "deepspeed_zero_offload"],
+    "gpt2": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload",
+             "deepspeed_zero_offload"],
 }
 MLP_LAYERS, MLP_WIDTH, MLP_BATCH = 32, 4096, 256
 GPT_BATCH, GPT_SEQ = 4, 512
@@ -88,6 +94,27 @@ def fsdp2(model):
     return model
 
 
+def deepspeed_zero_offload(model, lr):
+    """DeepSpeed's engine at world size 1: ZeRO stage 3, parameters and
+    optimizer offloaded to pinned CPU memory, AdamW (DeepSpeed's CPU Adam)."""
+    import deepspeed
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29534"), ("RANK", "0"),
+                       ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(key, value)
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": lr}},
+        "zero_optimization": {
+            "stage": 3,
+            "offload_param": {"device": "cpu", "pin_memory": True},
+            "offload_optimizer": {"device": "cpu", "pin_memory": True},
+        },
+    }
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=config)
+    return engine
+
+
 def run(scenario, variant):
     import torch
     if variant == "pinned_rate":
@@ -120,6 +147,17 @@ def run(scenario, variant):
         import bitsandbytes as bnb
         model.cuda()
         optimizer = bnb.optim.PagedAdamW(model.parameters(), lr=conf["lr"])
+    elif variant == "deepspeed_zero_offload":
+        model = deepspeed_zero_offload(model, conf["lr"])
+
+    def backward_and_step(loss):
+        if variant == "deepspeed_zero_offload":    # the engine's own (it zeroes the gradients)
+            model.backward(loss)
+            model.step()
+        else:
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
     losses, times = [], []
     before = None
     for step in range(conf["steps"]):
@@ -129,9 +167,7 @@ def run(scenario, variant):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         loss = loss_fn(model, x)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        backward_and_step(loss)
         losses.append(loss.item())
         times.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
@@ -174,7 +210,7 @@ def run(scenario, variant):
                                          - before["evicted_bytes.write_home"]) / n,
                  "evictions": {k: after[k] - before[k] for k in after if k.startswith("evict")}})
     extra["max_memory_allocated"] = torch.cuda.max_memory_allocated()
-    if variant == "fsdp2_cpu_offload":
+    if variant in ("fsdp2_cpu_offload", "deepspeed_zero_offload"):
         import torch.distributed as dist
         dist.destroy_process_group()
     return {"s_per_step": steady[len(steady) // 2], "first_step_s": times[0], "losses": losses,
