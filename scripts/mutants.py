@@ -165,7 +165,7 @@ MUTANTS = [
      [OFFLOAD + "test_a_step_reads_gradients_written_at_home_by_the_compute_stream"]),
     # torch_uvm's own work in torch.profiler traces (issue 22, point 1)
     ("the policy's brings and evictions are not traced", "torch_uvm/residency.py",
-     "    if not torch.autograd._profiler_enabled():\n        return contextlib.nullcontext()",
+     "    if not _torch_profiler_recording():\n        return contextlib.nullcontext()",
      "    return contextlib.nullcontext()",
      [PROFILE + "test_torch_uvms_own_work_is_named_in_a_torch_profiler_trace"]),
     ("a move is not traced", "csrc/torch/move_kernels.cpp",

@@ -27,6 +27,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Union
 import torch
 
 from . import _C
+from .profile import _torch_profiler_recording
 
 _BUDGET = _C.residency_budget()
 _LOCK = threading.RLock()
@@ -180,7 +181,7 @@ def _traced(what: str, nbytes: int):
     """A range "torch_uvm::<what> <bytes>" in a running torch.profiler trace
     (and NVTX under emit_nvtx), around the prefetches and advice it holds,
     which carry their bytes and stream; nothing when no profiler runs."""
-    if not torch.autograd._profiler_enabled():
+    if not _torch_profiler_recording():
         return contextlib.nullcontext()
     return torch.profiler.record_function(f"torch_uvm::{what} {nbytes} bytes")
 

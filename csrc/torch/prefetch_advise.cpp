@@ -5,9 +5,8 @@
 #include "torch/managed_allocator.h"
 #include "torch/managed_tensor.h"
 #include "torch/prefetch_advise.h"
-
-#include "torch/trace_scope.h"
 #include "torch/state.h"
+#include "torch/trace_scope.h"
 #include "torch_uvm/torch_uvm.h"
 
 namespace torch_uvm {

@@ -135,7 +135,7 @@ void StreamExecutor::carry_out(const std::vector<EvictionStep>& steps) {
 bool StreamExecutor::leave(int id, bool written) {
   StreamedTensor& t = *entries_[id].tensor;
   written = written || t.changed() || !t.has_home();
-  TraceScope scope(written ? "write_home" : "drop", entries_[id].name, t.nbytes(), &home_stream_);
+  TraceScope scope(written ? "write_home" : "drop", entries_[id].name, t.nbytes(), ref(home_stream_));
   t.leave(written, compute_done_, compute(), home_stream_);
   return written;
 }
@@ -239,7 +239,7 @@ void StreamExecutor::before(int unit, bool backward) {
   if (u.staged) {
     u.staged = false;  // its holds pass to this run
   } else {
-    TraceScope scope("bring", u.name, [&] { return unit_bytes(unit); }, &bring_stream_);
+    TraceScope scope("bring", u.name, [&] { return unit_bytes(unit); }, ref(bring_stream_));
     bring_entries(u.tensors, bring_stream_);
   }
   u.held = true;
@@ -268,7 +268,7 @@ void StreamExecutor::stage_next(int unit, bool backward) {
     if (v.resident) continue;
     ++streamed;
     if (v.staged || v.running) continue;
-    TraceScope scope("bring", v.name, [&] { return unit_bytes(order_[j]); }, &bring_stream_);
+    TraceScope scope("bring", v.name, [&] { return unit_bytes(order_[j]); }, ref(bring_stream_));
     bring_entries(v.tensors, bring_stream_);
     v.staged = true;
     v.staged_backward = backward;
@@ -344,7 +344,7 @@ void StreamExecutor::bring(const std::vector<at::Tensor>& tensors) {
   };
   static const std::string kNone;
   TraceScope scope("bring_for_step", ids.empty() ? kNone : entries_[ids.front()].name, bytes,
-                   &bring_stream_);
+                   ref(bring_stream_));
   bring_entries(ids, bring_stream_);
   wait_ready(ids);
   step_held_.insert(step_held_.end(), ids.begin(), ids.end());

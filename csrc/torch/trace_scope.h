@@ -8,7 +8,6 @@
 #pragma once
 
 #include <ATen/record_function.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -29,18 +28,10 @@ class TraceScope {
   // when a profiler listens.
   template <class Subject, class Bytes = std::size_t>
   TraceScope(const char* what, Subject&& subject, Bytes&& bytes = 0,
-             const c10::cuda::CUDAStream* stream = nullptr)
+             std::optional<StreamRef> stream = std::nullopt)
       : guard_(at::RecordScope::USER_SCOPE) {
     if (!guard_.isActive()) return;
-    std::optional<std::uintptr_t> handle;
-    if (stream != nullptr) handle = reinterpret_cast<std::uintptr_t>(stream->stream());
-    begin(what, value<std::string>(subject), value<std::size_t>(bytes), handle);
-  }
-  template <class Subject, class Bytes>
-  TraceScope(const char* what, Subject&& subject, Bytes&& bytes, StreamRef stream)
-      : guard_(at::RecordScope::USER_SCOPE) {
-    if (!guard_.isActive()) return;
-    begin(what, value<std::string>(subject), value<std::size_t>(bytes), stream.handle);
+    begin(what, value<std::string>(subject), value<std::size_t>(bytes), stream);
   }
   TraceScope(const TraceScope&) = delete;
   TraceScope& operator=(const TraceScope&) = delete;
@@ -55,12 +46,12 @@ class TraceScope {
     }
   }
   void begin(const char* what, const std::string& subject, std::size_t bytes,
-             std::optional<std::uintptr_t> stream) {
+             std::optional<StreamRef> stream) {
     std::string name = std::string("torch_uvm::") + what;
     if (!subject.empty()) name += " " + subject;
     std::unordered_map<std::string, c10::IValue> args{{"bytes", static_cast<int64_t>(bytes)}};
     // (the default stream's handle is 0: still a stream)
-    if (stream.has_value()) args.emplace("cuda_stream", static_cast<int64_t>(*stream));
+    if (stream.has_value()) args.emplace("cuda_stream", static_cast<int64_t>(stream->handle));
     const std::vector<c10::IValue> inputs;
     guard_.before(name, &inputs, &args);
   }
