@@ -162,7 +162,10 @@ MUTANTS = [
      [OFFLOAD + "test_a_gradient_read_right_after_it_went_home_is_the_gradient"]),
     ("a bring does not wait for writes at home", "csrc/torch/stream_executor.cpp",
      "    if (entries_[id].tensor->written_at_home()) {", "    if (false) {",
-     [OFFLOAD + "test_a_step_reads_gradients_written_at_home_by_the_compute_stream"]),
+     [OFFLOAD + "test_a_forward_brings_weights_written_at_home_after_the_write"]),
+    ("a step's bring does not wait for what came before the step", "csrc/torch/stream_executor.cpp",
+     "  step_inputs_.block(ref(bring_stream_));", "",
+     [OFFLOAD + "test_a_step_reads_gradients_written_at_home_by_the_compute_stream[data]"]),
     # torch_uvm's own work in torch.profiler traces (issue 22, point 1)
     ("the policy's brings and evictions are not traced", "torch_uvm/residency.py",
      "    if not _torch_profiler_recording():\n        return contextlib.nullcontext()",

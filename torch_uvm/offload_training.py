@@ -226,6 +226,7 @@ def step(handle: "Offloaded", optimizer: torch.optim.Optimizer, original_step) -
     Submodules that stepped in backward (step_in_backward) are skipped."""
     if handle.executor is None:
         return
+    handle.executor.step_begins()     # the gradients as the compute stream left them
     stepped: List[str] = []
     try:
         for u in handle.units_in_order():

@@ -197,6 +197,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("after", &StreamExecutor::after)
       .def("grads_ready", &StreamExecutor::grads_ready)
       .def("discard_grads", &StreamExecutor::discard_grads)
+      .def("step_begins", &StreamExecutor::step_begins)
       .def("bring", &StreamExecutor::bring)
       .def("step_done", &StreamExecutor::step_done)
       .def("end_pass", &StreamExecutor::end_pass)

@@ -32,7 +32,8 @@ StreamExecutor::StreamExecutor(ResidencyBudget& budget, ShareId share, c10::Devi
       bring_stream_(c10::cuda::getStreamFromPool(false, device.index())),
       home_stream_(c10::cuda::getStreamFromPool(false, device.index())),
       compute_done_(allocator().runtime()),
-      homes_written_(allocator().runtime()) {
+      homes_written_(allocator().runtime()),
+      step_inputs_(allocator().runtime()) {
   TORCH_CHECK(device.is_cuda() && device.has_index(), "torch_uvm: streaming needs a GPU");
   TORCH_CHECK(ahead >= 1, "torch_uvm: ahead must be at least 1");
 }
@@ -330,6 +331,8 @@ void StreamExecutor::discard_grads(int unit) {
   }
 }
 
+void StreamExecutor::step_begins() { step_inputs_.record(ref(compute())); }
+
 void StreamExecutor::bring(const std::vector<at::Tensor>& tensors) {
   std::vector<int> ids;
   for (const at::Tensor& t : tensors) {
@@ -345,6 +348,7 @@ void StreamExecutor::bring(const std::vector<at::Tensor>& tensors) {
   static const std::string kNone;
   TraceScope scope("bring_for_step", ids.empty() ? kNone : entries_[ids.front()].name, bytes,
                    ref(bring_stream_));
+  step_inputs_.block(ref(bring_stream_));  // (a step in backward: long done)
   bring_entries(ids, bring_stream_);
   wait_ready(ids);
   step_held_.insert(step_held_.end(), ids.begin(), ids.end());

@@ -69,6 +69,11 @@ class StreamExecutor {
   // None): let go of them, counted as discarded.
   void discard_grads(int unit);
 
+  // optimizer.step() begins: what the compute stream queued so far (the
+  // backward, and whatever the user did to the gradients after it: DDP's
+  // averaging, an all_reduce by hand, a write through .data, which moves no
+  // version counter) comes before every bring() of this step.
+  void step_begins();
   // For an optimizer step: `tensors` (weights, gradients, states of the
   // known ones) on the GPU for the compute stream (the current one: the step
   // may run on a stream of its own), held until step_done.
@@ -155,6 +160,7 @@ class StreamExecutor {
   c10::cuda::CUDAStream home_stream_;
   RuntimeEvent compute_done_;   // the compute stream's work before a batch of evictions
   RuntimeEvent homes_written_;  // the last copy home
+  RuntimeEvent step_inputs_;    // the compute stream's work when optimizer.step() began
 };
 
 }  // namespace torch_uvm

@@ -749,10 +749,13 @@ def test_a_gradient_read_right_after_it_went_home_is_the_gradient(uvm):
         handle.undo()
 
 
-def test_a_step_reads_gradients_written_at_home_by_the_compute_stream(uvm):
+@pytest.mark.parametrize("through", ["grad", "data"])
+def test_a_step_reads_gradients_written_at_home_by_the_compute_stream(uvm, through):
     """DDP writes the averaged gradient into .grad (at its home) on the
     compute stream at the end of backward; the step's copies of the
-    gradients to the GPU run on another stream and must come after it."""
+    gradients to the GPU run on another stream and must come after it. So
+    must a write through .data (averaging by hand), which moves no version
+    counter."""
     torch.manual_seed(1)
     x = torch.randn(64, 1024, device="cuda")
     model = make_model(width=1024)                        # 8 x 4 MiB
@@ -764,11 +767,32 @@ def test_a_step_reads_gradients_written_at_home_by_the_compute_stream(uvm):
         model(x).square().mean().backward()
         assert any(where(p.grad) == "host" for p in params)   # gradients went home
         torch.cuda._sleep(200_000_000)                    # the write below lands late
-        for p in params:
-            p.grad.fill_(1.0)                             # in place, on the compute stream
+        for p in params:                                  # in place, on the compute stream
+            (p.grad if through == "grad" else p.grad.data).fill_(1.0)
         optimizer.step()
         torch.cuda.synchronize()
         for i, (p, w) in enumerate(zip(params, before)):
             assert torch.equal(p.detach().cpu(), w - 1.0), f"parameter {i}"
+    finally:
+        handle.undo()
+
+
+def test_a_forward_brings_weights_written_at_home_after_the_write(uvm):
+    """A weight written in place while at its home (on the compute stream)
+    comes to the GPU for the next forward after that write."""
+    x = torch.randn(64, 1024, device="cuda")
+    model = make_model(width=1024)                        # 8 x 4 MiB
+    handle = uvm.offload(model, budget=12 * MiB, mode="prefetch")
+    try:
+        with torch.no_grad():
+            model(x)                                      # learns the order
+            torch.cuda.synchronize()
+            assert any(where(p) == "host" for p in model.parameters())   # some at home
+            torch.cuda._sleep(200_000_000)                # the writes below land late
+            for p in model.parameters():
+                p.mul_(0)                                 # in place: the version moves
+            out = model(x)
+        torch.cuda.synchronize()
+        assert torch.count_nonzero(out).item() == 0
     finally:
         handle.undo()
