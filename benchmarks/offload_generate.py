@@ -7,7 +7,7 @@ A random-init GPT-2-style model (n_embd 2048, 30 layers, about 3 GiB fp16)
 generates 32 tokens greedily from a 32-token prompt under a 1.5 GiB budget:
 all resident; torch_uvm.offload in its auto mode (in place at batch 1) and
 in prefetch mode (streamed layers copied into GPU memory one submodule
-ahead); accelerate dispatch_model with the same GPU share. Tokens/s; the
+ahead, or two: _ahead2); accelerate dispatch_model with the same GPU share. Tokens/s; the
 tokens must equal all-resident's.
 
 The link's limit: each token must bring the weights that are not resident
@@ -31,7 +31,7 @@ import method  # noqa: E402
 MiB, GiB = 1 << 20, 1 << 30
 GEN_BUDGET, PROMPT, NEW_TOKENS = 3 * GiB // 2, 32, 32
 PLAN = {"generate": ["pinned_rate", "resident", "torch_uvm_offload", "torch_uvm_offload_prefetch",
-                     "accelerate_dispatch"]}
+                     "torch_uvm_offload_prefetch_ahead2", "accelerate_dispatch"]}
 
 
 def gpt2():
@@ -57,8 +57,9 @@ def run_generate(variant):
     if variant == "resident":
         model.cuda()
     elif variant.startswith("torch_uvm_offload"):
-        mode = "prefetch" if variant.endswith("prefetch") else "auto"
-        handle = torch_uvm.offload(model, budget=GEN_BUDGET, device="cuda", mode=mode)
+        mode = "prefetch" if "_prefetch" in variant else "auto"
+        handle = torch_uvm.offload(model, budget=GEN_BUDGET, device="cuda", mode=mode,
+                                   ahead=2 if variant.endswith("_ahead2") else 1)
     elif variant == "accelerate_dispatch":
         from accelerate import dispatch_model
         per_block = sum(p.numel() * 2 for p in model.transformer.h[0].parameters())

@@ -44,7 +44,7 @@ MiB, GiB = 1 << 20, 1 << 30
 LINK = 55e9   # pinned copies, each way (FINDINGS.md): used only if pinned_rate did not run
 SCENARIOS = {
     "mlp": {"budget": 1 * GiB, "steps": 5, "lr": 1e-4},
-    "gpt2": {"budget": 4 * GiB, "steps": 4, "lr": 1e-4},
+    "gpt2": {"budget": 4 * GiB, "steps": 5, "lr": 1e-4},
 }
 PLAN = {
     "mlp": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload",
@@ -53,6 +53,10 @@ PLAN = {
              "deepspeed_zero_offload"],
 }
 MLP_LAYERS, MLP_WIDTH, MLP_BATCH = 32, 4096, 256
+# OFFLOAD_DETERMINISTIC=1: deterministic kernels (and eager attention for
+# GPT-2) in every variant, so that "losses = all resident" can hold bit for
+# bit where PyTorch's defaults accumulate in a varying order.
+DETERMINISTIC = os.environ.get("OFFLOAD_DETERMINISTIC") == "1"
 GPT_BATCH, GPT_SEQ = 4, 512
 
 
@@ -68,8 +72,10 @@ def build(scenario):
             return m(x).square().mean()
         return model, x, loss_fn
     from transformers import GPT2Config, GPT2LMHeadModel
+    # deterministic: eager attention (SDPA's backward kernels accumulate with atomics)
     config = GPT2Config(n_embd=2048, n_layer=24, n_head=16, n_positions=GPT_SEQ,
-                        attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+                        attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
+                        **({"attn_implementation": "eager"} if DETERMINISTIC else {}))
     model = GPT2LMHeadModel(config)
     x = torch.randint(0, config.vocab_size, (GPT_BATCH, GPT_SEQ),
                       generator=torch.Generator().manual_seed(1))
@@ -120,6 +126,9 @@ def run(scenario, variant):
     if variant == "pinned_rate":
         return method.pinned_rate()
     conf = SCENARIOS[scenario]
+    if DETERMINISTIC:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     uvm = variant.startswith("torch_uvm")
     if uvm:
         import torch_uvm
@@ -239,7 +248,8 @@ def report(scenario, runs):
     limit = link_limit(uvm_run["weights_bytes"], uvm_run["resident_weight_bytes"], h2d, d2h) \
         if uvm_run else None
     conf = SCENARIOS[scenario]
-    print(f"\n({'t' if scenario == 'mlp' else 't2'}) {scenario}, budget "
+    print(f"\n({'t' if scenario == 'mlp' else 't2'}) {scenario}"
+          f"{', deterministic kernels' if DETERMINISTIC else ''}, budget "
           f"{conf['budget'] / GiB:.0f} GiB, AdamW; link limit of a step (torch_uvm's "
           f"placement, step in backward, pinned {h2d / 1e9:.1f} GB/s to the GPU and "
           f"{d2h / 1e9:.1f} home, "

@@ -293,6 +293,12 @@ def comparisons(runs):
         gbps = leaf(c["torch_uvm"], size, "torch_uvm", "GBps")
         out[f"moves_to_cpu {human(size)}: torch_uvm GB/s, then a CPU read"] = method.ratio(
             gbps, [1.0] * len(gbps), target=20, lower_is_better=False)
+        for name in ("torch_uvm .to('cpu', copy=True)",
+                     "torch_uvm .to('cpu', copy=True, non_blocking=True)"):
+            gbps = leaf(c["torch_uvm"], size, name, "GBps")
+            if any(g is not None for g in gbps):
+                out[f"moves_to_cpu {human(size)}: {name} GB/s, then a CPU read"] = method.ratio(
+                    gbps, [1.0] * len(gbps), target=30, lower_is_better=False)
     cp = runs.get("copies", {})
     for size in next((r for r in cp.get("torch_uvm", []) if r), {}) or {}:
         if int(size) < 64 * MiB:

@@ -212,7 +212,14 @@ def moves_to_cpu(allocator):
             buf = torch.zeros(n // 4)    # a CPU tensor whose pages exist
             variants = {uvm_variant(): (src, lambda s=src: s.to("cpu")),
                         # not a move: a copy into it (staged through pinned buffers)
-                        "torch_uvm copy into a CPU tensor": (src, lambda s=src, b=buf: b.copy_(s))}
+                        "torch_uvm copy into a CPU tensor": (src, lambda s=src, b=buf: b.copy_(s)),
+                        # not a move either: PyTorch's copy=True, into a new CPU tensor
+                        "torch_uvm .to('cpu', copy=True)":
+                            (src, lambda s=src: s.to("cpu", copy=True)),
+                        # PyTorch gives a non-blocking copy to the CPU pinned memory
+                        "torch_uvm .to('cpu', copy=True, non_blocking=True)":
+                            (src, lambda s=src: (s.to("cpu", copy=True, non_blocking=True),
+                                                 torch.cuda.synchronize())[0])}
         else:
             src = torch.empty(n // 4, device="cuda")
             pinned = torch.empty(n // 4).pin_memory()
