@@ -66,6 +66,11 @@ def build(scenario):
     if scenario == "mlp":
         model = torch.nn.Sequential(*[torch.nn.Linear(MLP_WIDTH, MLP_WIDTH, bias=False)
                                       for _ in range(MLP_LAYERS)])
+        # unit gain per layer: with PyTorch's default init each layer scales
+        # activations by 1/sqrt(3), the output of 32 is ~1e-8, the updates
+        # vanish below fp32's precision, and only weight decay moved the loss
+        for layer in model:
+            torch.nn.init.normal_(layer.weight, std=MLP_WIDTH ** -0.5)
         x = torch.randn(MLP_BATCH, MLP_WIDTH, generator=torch.Generator().manual_seed(1))
 
         def loss_fn(m, x):
@@ -109,7 +114,8 @@ def deepspeed_zero_offload(model, lr):
         os.environ.setdefault(key, value)
     config = {
         "train_micro_batch_size_per_gpu": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": lr}},
+        # torch.optim.AdamW's defaults (DeepSpeed's weight_decay is 0)
+        "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": 0.01}},
         "zero_optimization": {
             "stage": 3,
             "offload_param": {"device": "cpu", "pin_memory": True},

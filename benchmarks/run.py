@@ -41,6 +41,8 @@ PLAN = {
     # managed CPU tensors with and without torch_uvm's fast copies
     "copies": ["torch", "torch_uvm"],
     "faults": ["torch_uvm"],
+    # small copies between GPU tensors: what the allocator's lock costs a copy
+    "small_copies": ["torch", "torch_uvm"],
     # Which segment unit suits managed memory: torch_uvm under several
     # small/large segment sizes (PYTORCH_UVM_ALLOC_CONF), training steps.
     "segments": ["torch_uvm:small_segment_mb:2,large_segment_mb:20",
@@ -167,6 +169,13 @@ def report(results):
                 rows.append([human(size), name, f"{v['ms']:.2f}", f"{v['GBps']:.1f}"])
         out.append(table("4b. Copies between the GPU and CPU tensors (blocking)",
                          ["size", "direction, method", "ms", "GB/s"], rows))
+    sc = merged(results, "small_copies")
+    if sc:
+        rows = [[human(size), name, f"{v['call_us']:.2f}", f"{v['burst_us_per_copy']:.2f}"]
+                for size, methods in sc.items() for name, v in methods.items()]
+        out.append(table("4c. Small copies between GPU tensors, one device",
+                         ["size", "allocator", "µs per call (host)", "µs per copy, 1000 then sync"],
+                         rows))
     f = results.get("faults", {}).get("torch_uvm")
     if f:
         rows = [[k, f"{v['ms']:.2f}", f"{v['GBps']:.1f}"] for k, v in f.items()]
@@ -222,6 +231,25 @@ def plot(results, out_dir):
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, "moves_to_gpu.png"))
+    for workload, key, ylabel, title in (
+            ("moves_to_cpu", "GBps", "GB/s, then a CPU read", "Moves and copies to the CPU"),
+            ("small_copies", "call_us", "µs per copy_ call (host)", "Small copies between GPU tensors")):
+        m = merged(results, workload)
+        if not m:
+            continue
+        fig, ax = plt.subplots(figsize=(8, 4))
+        names = list(dict.fromkeys(n for per in m.values() for n in per))
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            sizes = [s for s in m if name in m[s]]
+            ax.bar([list(m).index(s) + i * width for s in sizes],
+                   [m[s][name][key] for s in sizes], width, label=name)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(m))], [human(s) for s in m])
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, f"{workload}.png"))
     c = merged(results, "copies")
     if c:
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -299,6 +327,13 @@ def comparisons(runs):
             if any(g is not None for g in gbps):
                 out[f"moves_to_cpu {human(size)}: {name} GB/s, then a CPU read"] = method.ratio(
                     gbps, [1.0] * len(gbps), target=30, lower_is_better=False)
+    sc = runs.get("small_copies", {})
+    for size in next((r for r in sc.get("torch_uvm", []) if r), {}) or {}:
+        for what in ("call_us", "burst_us_per_copy"):
+            out[f"small_copies {human(size)}: torch_uvm / PyTorch, {what}"] = method.ratio(
+                leaf(sc["torch_uvm"], size, "torch_uvm", what),
+                leaf(sc.get("torch"), size, "torch", what),
+                target=1.1)
     cp = runs.get("copies", {})
     for size in next((r for r in cp.get("torch_uvm", []) if r), {}) or {}:
         if int(size) < 64 * MiB:

@@ -303,6 +303,26 @@ def copies(allocator):
     return out
 
 
+def small_copies(allocator):
+    """Microseconds per GPU-to-GPU copy_ on one device, small sizes (issue 20,
+    point 6: PyTorch may ask the allocator's memcpyAsync, which looks both
+    pointers up under torch_uvm's lock): the host's time per call, and per
+    copy over a burst of 1000 then a synchronize."""
+    out = {}
+    for n in (4 * 1024, 64 * 1024, 1 * MiB):
+        src = torch.ones(n // 4, device="cuda")
+        dst = torch.empty_like(src)
+
+        def burst():
+            for _ in range(1000):
+                dst.copy_(src)
+            torch.cuda.synchronize()
+        name = uvm_variant() if allocator == "torch_uvm" else allocator
+        out[str(n)] = {name: {"call_us": median_us(lambda: dst.copy_(src), 2000),
+                              "burst_us_per_copy": median_us(burst, 5, warmup=2) / 1000}}
+    return out
+
+
 def faults(allocator):
     """First kernel over host-resident managed data: page faults vs prefetch."""
     import torch_uvm

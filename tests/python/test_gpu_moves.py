@@ -111,6 +111,24 @@ def test_copy_true_and_set_move_on_copy_false_copy(uvm):
         uvm.set_move_on_copy(True)
 
 
+def test_a_copy_to_the_cpu_asked_for_is_a_copy_at_the_links_speed(uvm):
+    """`.to("cpu")` moves (the same memory); `copy=True` copies, and a
+    non-blocking copy lands in pinned memory, as PyTorch's does: the way to
+    get GPU-written data to the CPU at the link's speed (docs/guide.md)."""
+    y = torch.arange(1 << 20, dtype=torch.float32, device="cuda") * 3   # written on the GPU
+    want = torch.arange(1 << 20, dtype=torch.float32) * 3
+    torch.cuda._sleep(50_000_000)                 # the copy must wait for this
+    y.add_(1)
+    z = y.to("cpu", copy=True, non_blocking=True)
+    torch.cuda.synchronize()
+    assert z.device.type == "cpu" and z.data_ptr() != y.data_ptr()
+    assert z.is_pinned() and not z.is_managed()
+    assert torch.equal(z, want + 1)
+    w = y.to("cpu", copy=True)                    # blocking: managed, like any CPU tensor
+    assert w.data_ptr() != y.data_ptr() and w.is_managed() and torch.equal(w, want + 1)
+    assert y.to("cpu").data_ptr() == y.data_ptr()  # without copy=True: a move
+
+
 def test_views_slices_and_non_contiguous_keep_offset_and_strides(uvm):
     base = torch.arange(4 * 6 * 5, dtype=torch.float32).reshape(4, 6, 5)
     view = base[1:, ::2, 1:4].transpose(0, 2)

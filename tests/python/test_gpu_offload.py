@@ -786,7 +786,10 @@ def test_a_forward_brings_weights_written_at_home_after_the_write(uvm):
     try:
         with torch.no_grad():
             model(x)                                      # learns the order
-            torch.cuda.synchronize()
+            uvm.evict("cuda")          # room in the budget: the brings below evict nothing,
+            for p in model.parameters():   # so no eviction's wait orders them after the
+                p.mul_(1)                  # writes; and mul_'s kernel is loaded now: a
+            torch.cuda.synchronize()       # lazy load would hold the host until the sleep ends
             assert any(where(p) == "host" for p in model.parameters())   # some at home
             torch.cuda._sleep(200_000_000)                # the writes below land late
             for p in model.parameters():
