@@ -117,8 +117,8 @@ def test_a_copy_to_the_cpu_asked_for_is_a_copy_at_the_links_speed(uvm):
     get GPU-written data to the CPU at the link's speed (docs/guide.md)."""
     y = torch.arange(1 << 20, dtype=torch.float32, device="cuda") * 3   # written on the GPU
     want = torch.arange(1 << 20, dtype=torch.float32) * 3
-    torch.cuda._sleep(50_000_000)                 # the copy must wait for this
-    y.add_(1)
+    torch.cuda._sleep(50_000_000)   # the write below lands late, unless loading add_'s
+    y.add_(1)                       # kernel holds the host: ordering is not what this checks
     z = y.to("cpu", copy=True, non_blocking=True)
     torch.cuda.synchronize()
     assert z.device.type == "cpu" and z.data_ptr() != y.data_ptr()
