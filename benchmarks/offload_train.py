@@ -225,6 +225,8 @@ def run(scenario, variant):
                                          - before["evicted_bytes.write_home"]) / n,
                  "evictions": {k: after[k] - before[k] for k in after if k.startswith("evict")}})
     extra["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+    if handle is not None:   # the slots' device memory, measured apart from the budget's books
+        extra["slot_bytes_peak"] = torch_uvm.memory_stats()["slots.cuda:0.reserved_bytes.peak"]
     if variant in ("fsdp2_cpu_offload", "deepspeed_zero_offload"):
         import torch.distributed as dist
         dist.destroy_process_group()
@@ -264,7 +266,8 @@ def report(scenario, runs):
              f"GiB home = {limit['seconds']:.3f} s" if limit else "unknown"))
     unit = "tokens/s" if scenario == "gpt2" else "s / step"
     print(f"| variant | {unit} (median of rounds; min-max) | x the link limit | losses = all "
-          "resident | to GPU / home per step (torch_uvm) | max_memory_allocated |")
+          "resident | to GPU / home per step (torch_uvm) | max_memory_allocated "
+          "(torch_uvm: + its slots' reserved peak) |")
     print("|---|---|---|---|---|---|")
     table = {}
     for v, rs in runs.items():
@@ -291,7 +294,9 @@ def report(scenario, runs):
         fmt = ".0f" if scenario == "gpt2" else ".3f"
         print(f"| {v} | {t['median']:{fmt}} ({t['min']:{fmt}}-{t['max']:{fmt}}) | "
               f"{'' if over is None else f'{over:.2f}'} | {same} | {moved} | "
-              f"{ok[-1]['max_memory_allocated'] / GiB:.2f} GiB |")
+              f"{ok[-1]['max_memory_allocated'] / GiB:.2f} GiB"
+              + (f" + {ok[-1]['slot_bytes_peak'] / GiB:.2f} GiB |" if "slot_bytes_peak" in ok[-1]
+                 else " |"))
     for v, rs in runs.items():
         for r in rs:
             if r and r.get("profile"):

@@ -164,13 +164,17 @@ def memory_stats() -> Dict[str, int]:
     """Allocator statistics with the keys of ``torch.cuda.memory_stats()``,
     plus ``cap_bytes``. Counts cover the CPU and every GPU together.
     ``residency.cuda:N.*`` keys describe the memory streamed under GPU N's
-    residency budget (see :func:`set_residency_limit`)."""
+    residency budget (see :func:`set_residency_limit`), and ``slots.cuda:N.*``
+    the GPU memory that streamed tensors' slots hold there (allocated and
+    reserved, now and at the peak: the budget's books, measured)."""
     stats = dict(_C.memory_stats())
     from .residency import residency_stats
     for d in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
         residency = residency_stats(d)
         if residency["limit"] or residency["prefetched_bytes"]:
             stats.update({f"residency.cuda:{d}.{k}": v for k, v in residency.items()})
+            if _C.is_enabled():  # PyTorch's own allocator then holds the slots alone
+                stats.update({f"slots.cuda:{d}.{k}": v for k, v in _C.slot_memory_stats(d).items()})
     return dict(sorted(stats.items()))
 
 
@@ -187,19 +191,23 @@ def memory_summary() -> str:
 
 def empty_cache() -> None:
     """Return cached, unused managed memory to the driver (keeps the release
-    threshold's worth)."""
+    threshold's worth), and the device memory cached for streamed tensors'
+    slots."""
     _C.empty_cache()
+    _C.release_cached_slots()
     from .residency import forget_advice
     forget_advice()
 
 
 def reset_peak_memory_stats() -> None:
     """Reset every ``*.peak`` statistic to its current value (the residency
-    budgets' too)."""
+    budgets' and the slots' too)."""
     _C.reset_peak_memory_stats()
     from .residency import _BUDGET
     for d in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
         _BUDGET.reset_peak(d)
+        if _C.is_enabled():
+            _C.reset_slot_memory_peak(d)
 
 
 def reset_accumulated_memory_stats() -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import types
 import warnings
 import weakref
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -66,11 +66,19 @@ def _rows(obj) -> int:
     return 0
 
 
-def window_bytes(mode: str, training: bool, ahead: int, largest: int) -> int:
-    """The budget that streaming needs beside the resident prefix."""
+def window_units(mode: str, training: bool, ahead: int) -> Tuple[int, int]:
+    """What streaming needs beside the resident units: so many of the
+    largest streamed submodule (the one running and those brought ahead),
+    and so many of the largest submodule (a step's gradients and states)."""
     if training:
-        return (ahead + 1 + TRAINING_EXTRA) * largest
-    return 0 if mode == "in_place" else (ahead + 1) * largest
+        return ahead + 1, TRAINING_EXTRA
+    return (0 if mode == "in_place" else ahead + 1), 0
+
+
+def window_bytes(mode: str, training: bool, ahead: int, largest: int) -> int:
+    """The most budget streaming can need beside the resident units: its
+    window when the largest submodule streams."""
+    return sum(window_units(mode, training, ahead)) * largest
 
 
 class Offloaded:
@@ -151,9 +159,7 @@ class Offloaded:
         if executor is None:
             return
         if not executor.planned():
-            largest = max(u.nbytes for u in self.units)
-            executor.plan(window_bytes(self.mode, self.training, self.ahead, largest),
-                          self.training)
+            executor.plan(*window_units(self.mode, self.training, self.ahead), self.training)
         executor.end_pass()
 
     def stream_optimizer(self, optimizer: torch.optim.Optimizer,
@@ -248,10 +254,12 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     Parameters and buffers become tensors on `device` whose home is pinned
     host memory, mapped for the GPU (the module's tensors are replaced; their
     values are kept). The first forward learns the order in which submodules run;
-    after it, the longest prefix of that order that fits the budget (less
-    the window streaming needs) stays on the GPU (read in place for
-    inference: the longest suffix, so that the slow in-place kernels queue
-    first), and the rest streams:
+    after it, the longest run of that order that fits the budget (less the
+    window streaming needs, sized by the largest submodule that streams)
+    stays on the GPU: for inference its end, so that the streamed
+    submodules' kernels, which wait on the link, queue first and the
+    resident rest runs while the next pass's first weights arrive; for
+    training its start, where backward ends. The rest streams:
     while submodule i runs, the next `ahead` are copied to GPU memory on a
     side stream, and the least recently used leave (written ones are copied
     home). For inference (``torch.no_grad()``, ``generate``) and training

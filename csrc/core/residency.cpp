@@ -15,22 +15,6 @@ ResidencyEvent::Kind left_by(Eviction how) {
 
 }  // namespace
 
-std::vector<bool> plan_resident(const std::vector<std::size_t>& unit_bytes, std::size_t budget,
-                                std::size_t room, ResidentAt at) {
-  std::size_t total = 0;
-  for (std::size_t b : unit_bytes) total += b;
-  const std::size_t n = unit_bytes.size();
-  std::vector<bool> resident(n, total <= budget);
-  if (total <= budget) return resident;  // everything fits: nothing streams
-  for (std::size_t k = 0; k < n; ++k) {
-    const std::size_t i = at == ResidentAt::kStart ? k : n - 1 - k;
-    if (unit_bytes[i] > room) break;     // no gaps: the rest streams
-    room -= unit_bytes[i];
-    resident[i] = true;
-  }
-  return resident;
-}
-
 ResidencyBudget::PerDevice& ResidencyBudget::per_device(DeviceIndex device) {
   return devices_[device];
 }

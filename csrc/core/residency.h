@@ -1,6 +1,7 @@
 // What decides eviction: residency budgets per GPU over the memory torch_uvm
 // brings there, and the least recently used ranges that leave when a new one
-// would exceed a budget. Policy only: the glue carries out the evictions it
+// would exceed a budget (what stays resident of an offloaded module:
+// core/resident_plan.h). Policy only: the glue carries out the evictions it
 // returns (torch/stream_executor.h for offloaded modules, torch_uvm/
 // residency.py for batches).
 //
@@ -53,22 +54,6 @@ struct ResidencyStats {
   std::size_t discards = 0;                // dead ranges let go (a gradient set to None)
   std::size_t discarded_bytes = 0;
 };
-
-// Where the resident units sit in the order in which units run.
-// kStart: streaming copies run ahead while the resident first units compute,
-// and a backward ends on them. kEnd: for kernels that read streamed units in
-// place (over PCIe, slower than the host issues them), the slow kernels
-// queue first and the GPU works through them while the host issues the
-// resident rest; a pass that ends in a host wait (a generated token) then
-// costs the larger of the two, not their sum.
-enum class ResidentAt { kStart, kEnd };
-
-// Which units of a module stay resident: the longest prefix (or suffix) of
-// the order that fits `room` bytes (the budget less the window that
-// streaming needs), or every unit when all fit in `budget`. Shared bytes
-// (a tied weight) count once per unit: a bound, never an underestimate.
-std::vector<bool> plan_resident(const std::vector<std::size_t>& unit_bytes, std::size_t budget,
-                                std::size_t room, ResidentAt at = ResidentAt::kStart);
 
 struct ShareInfo {
   ShareId id;

@@ -83,6 +83,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return pinned_home_copy(t, with_index(device.cast<c10::Device>()));
   });
   m.def("release_cached_slots", &release_cached_slots);
+  m.def("slot_memory_stats", [](int device) {
+    const SlotMemoryStats s = slot_memory_stats(static_cast<c10::DeviceIndex>(device));
+    py::dict d;
+    d["allocated_bytes"] = s.allocated;
+    d["allocated_bytes.peak"] = s.allocated_peak;
+    d["reserved_bytes"] = s.reserved;
+    d["reserved_bytes.peak"] = s.reserved_peak;
+    return d;
+  });
+  m.def("reset_slot_memory_peak",
+        [](int device) { reset_slot_memory_peak(static_cast<c10::DeviceIndex>(device)); });
   m.def("alias_on_device", [](const at::Tensor& t, const py::object& device) {
     TORCH_CHECK(is_managed(t), "torch_uvm: only a managed tensor can be seen on another device");
     return alias_on_device(t, with_index(device.cast<c10::Device>()));  // "cuda": the current GPU

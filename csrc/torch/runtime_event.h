@@ -30,6 +30,12 @@ class RuntimeEvent {
   void block(StreamRef stream) const {
     if (recorded_) rt_->stream_wait_event(stream, event_);
   }
+  // Whether the work it marks is done (never recorded: done).
+  bool done() const { return !recorded_ || rt_->query_event(event_); }
+  // The host waits for that work.
+  void wait() const {
+    if (recorded_) rt_->synchronize_event(event_);
+  }
 
  private:
   Runtime* rt_;

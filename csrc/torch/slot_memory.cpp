@@ -79,4 +79,15 @@ void release_cached_slots() {
   if (g_native.load() != nullptr) native()->emptyCache();
 }
 
+SlotMemoryStats slot_memory_stats(c10::DeviceIndex device) {
+  const auto all = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  const auto s = native()->getDeviceStats(device);
+  return {static_cast<std::size_t>(s.allocated_bytes[all].current),
+          static_cast<std::size_t>(s.allocated_bytes[all].peak),
+          static_cast<std::size_t>(s.reserved_bytes[all].current),
+          static_cast<std::size_t>(s.reserved_bytes[all].peak)};
+}
+
+void reset_slot_memory_peak(c10::DeviceIndex device) { native()->resetPeakStats(device); }
+
 }  // namespace torch_uvm

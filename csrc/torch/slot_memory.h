@@ -33,4 +33,14 @@ void record_slot_stream(const c10::Storage& memory, c10::cuda::CUDAStream stream
 // GPU, when that allocator holds nothing else (UVM on).
 void release_cached_slots();
 
+// What PyTorch's own allocator holds on `device`, now and at its peak: with
+// UVM on, the slots alone (the GPU memory that streaming really uses, beside
+// the budget's books); with UVM off, every CUDA tensor's too.
+struct SlotMemoryStats {
+  std::size_t allocated = 0, allocated_peak = 0;
+  std::size_t reserved = 0, reserved_peak = 0;
+};
+SlotMemoryStats slot_memory_stats(c10::DeviceIndex device);
+void reset_slot_memory_peak(c10::DeviceIndex device);
+
 }  // namespace torch_uvm

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <unordered_set>
 
+#include "core/resident_plan.h"
 #include "torch/state.h"
 #include "torch/trace_scope.h"
 #include "torch_uvm/torch_uvm.h"
@@ -125,12 +126,34 @@ void StreamExecutor::release(int id) {
 void StreamExecutor::carry_out(const std::vector<EvictionStep>& steps) {
   if (steps.empty()) return;
   compute_done_.record(ref(compute()));
-  bool wrote = false;
+  std::size_t wrote = 0;
   for (const EvictionStep& s : steps) {
     const int id = by_key_.at(s.address);
-    wrote |= leave(id, s.how == Eviction::kWriteHome);
+    if (leave(id, s.how == Eviction::kWriteHome)) wrote += entries_[id].tensor->nbytes();
   }
-  if (wrote) homes_written_.record(ref(home_stream_));
+  note_homes(wrote);
+}
+
+void StreamExecutor::note_homes(std::size_t bytes) {
+  if (bytes == 0) return;
+  homes_written_.record(ref(home_stream_));
+  auto done = std::make_unique<RuntimeEvent>(allocator().runtime());
+  done->record(ref(home_stream_));
+  homes_pending_.emplace_back(std::move(done), bytes);
+  homes_pending_bytes_ += bytes;
+}
+
+// Slots let go with their copies home under way are freed by the allocator
+// once the copy passes; a host running ahead of those copies would draw new
+// memory for every bring meanwhile. Past a window's worth, the host waits
+// for the oldest: the GPU then holds at most the budget and one window.
+void StreamExecutor::wait_for_homes() {
+  while (!homes_pending_.empty() &&
+         (homes_pending_bytes_ > homes_allowed_ || homes_pending_.front().first->done())) {
+    homes_pending_.front().first->wait();
+    homes_pending_bytes_ -= homes_pending_.front().second;
+    homes_pending_.pop_front();
+  }
 }
 
 bool StreamExecutor::leave(int id, bool written) {
@@ -142,6 +165,7 @@ bool StreamExecutor::leave(int id, bool written) {
 }
 
 void StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAStream stream) {
+  wait_for_homes();
   auto ready = std::make_shared<RuntimeEvent>(allocator().runtime());
   bool brought = false;
   // A home written in place on the compute stream (DDP's averaged gradient)
@@ -190,8 +214,8 @@ void StreamExecutor::wait_ready(const std::vector<int>& ids) {
   }
 }
 
-void StreamExecutor::plan(std::size_t window, bool training) {
-  TraceScope scope("plan", "", window);
+void StreamExecutor::plan(std::size_t per_streamed, std::size_t per_any, bool training) {
+  TraceScope scope("plan", "", per_streamed);
   training_ = training;
   std::vector<int> seen;
   std::unordered_set<int> taken;
@@ -203,17 +227,21 @@ void StreamExecutor::plan(std::size_t window, bool training) {
   }
   order_ = seen;
   position_.assign(units_.size(), 0);
-  std::vector<std::size_t> sizes;
+  std::vector<std::vector<int>> pieces;  // per unit in order: its entries
   for (std::size_t i = 0; i < order_.size(); ++i) {
     position_[order_[i]] = static_cast<int>(i);
-    sizes.push_back(unit_bytes(order_[i]));
+    pieces.push_back(units_[order_[i]].tensors);
   }
-  const std::size_t budget = budget_.share_stats(share_).limit;
-  // Read in place, a pass is quickest with its streamed units first
-  // (core/residency.h, ResidentAt).
-  const std::vector<bool> resident =
-      plan_resident(sizes, budget, budget > window ? budget - window : 0,
-                    in_place_ && !training ? ResidentAt::kEnd : ResidentAt::kStart);
+  std::vector<std::size_t> piece_bytes;
+  for (const Entry& e : entries_) piece_bytes.push_back(e.tensor->nbytes());
+  // For inference the streamed units run first (core/resident_plan.h,
+  // ResidentAt); a backward ends on the resident ones.
+  const ResidentPlan planned =
+      plan_resident(pieces, piece_bytes, budget_.share_stats(share_).limit,
+                    Window{per_streamed, per_any},
+                    training ? ResidentAt::kStart : ResidentAt::kEnd);
+  const std::vector<bool>& resident = planned.resident;
+  homes_allowed_ = planned.window_bytes;
   for (std::size_t i = 0; i < order_.size(); ++i) {
     Unit& u = units_[order_[i]];
     u.resident = resident[i];
@@ -224,6 +252,15 @@ void StreamExecutor::plan(std::size_t window, bool training) {
       release(id);
     }
   }
+  // What each streamed unit brings (a tied weight a resident unit holds
+  // is not brought again), and the window: `ahead` + 1 of the largest.
+  std::size_t largest = 0;
+  for (Unit& u : units_) {
+    u.stream_bytes = 0;
+    for (int id : u.tensors) u.stream_bytes += entries_[id].pinned ? 0 : entries_[id].tensor->nbytes();
+    if (!u.resident) largest = std::max(largest, u.stream_bytes);
+  }
+  window_bytes_ = static_cast<std::size_t>(ahead_ + 1) * largest;
   for (Unit& u : units_) {
     if (u.resident) wait_ready(u.tensors);
   }
@@ -260,14 +297,22 @@ void StreamExecutor::stage_next(int unit, bool backward) {
   if (in_place_ || order_.empty()) return;
   const int n = static_cast<int>(order_.size());
   const bool wrap = !backward && !training_;
-  int streamed = 0;
-  for (int k = 1; k < n && streamed < ahead_; ++k) {
+  // The window holds the running unit and what is brought ahead: `ahead`
+  // units' worth of bytes beside a streamed one, the whole window beside a
+  // resident one (a pass's resident end brings the next pass's first
+  // units meanwhile). Counted in bytes, small units (a norm's weight) do
+  // not stop the link ahead of a large one.
+  const std::size_t running = units_[unit].resident ? 0 : units_[unit].stream_bytes;
+  const std::size_t cap = window_bytes_ > running ? window_bytes_ - running : 0;
+  std::size_t ahead = 0;
+  for (int k = 1; k < n; ++k) {
     int j = position_[unit] + (backward ? -k : k);
     if (wrap) j = (j % n + n) % n;
     if (j < 0 || j >= n) break;
     Unit& v = units_[order_[j]];
-    if (v.resident) continue;
-    ++streamed;
+    if (v.resident || v.stream_bytes == 0) continue;  // nothing to bring
+    if (ahead > 0 && ahead + v.stream_bytes > cap) break;
+    ahead += v.stream_bytes;
     if (v.staged || v.running) continue;
     TraceScope scope("bring", v.name, [&] { return unit_bytes(order_[j]); }, ref(bring_stream_));
     bring_entries(v.tensors, bring_stream_);
@@ -399,14 +444,14 @@ void StreamExecutor::end_pass() {
 
 void StreamExecutor::evict_now(const std::vector<int>& ids) {
   compute_done_.record(ref(compute()));
-  bool wrote = false;
+  std::size_t wrote = 0;
   for (int id : ids) {
     Entry& e = entries_[id];
     if (e.pinned || e.holds > 0 || !e.tensor->in_slot()) continue;
     const auto how = budget_.evict(key(id));
-    wrote |= leave(id, how == Eviction::kWriteHome);
+    if (leave(id, how == Eviction::kWriteHome)) wrote += e.tensor->nbytes();
   }
-  if (wrote) homes_written_.record(ref(home_stream_));
+  note_homes(wrote);
 }
 
 void StreamExecutor::evict_unused() {

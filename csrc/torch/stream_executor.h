@@ -16,6 +16,7 @@
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -43,19 +44,22 @@ class StreamExecutor {
                const std::vector<at::Tensor>& trainable);
 
   // After the first forward (which ran the units on demand, in the order
-  // noted by before()): decides the resident prefix of that order (its
-  // suffix when read in place for inference; plan_resident, with `window`
-  // bytes kept for streaming) and brings it.
+  // noted by before()): decides the resident units (core/resident_plan.h:
+  // for inference a suffix of that order, for training a prefix, beside a
+  // window of `per_streamed` times the largest streamed unit and `per_any`
+  // times the largest unit) and brings them.
   // `training`: the forward is followed by a backward, not by the next
   // forward, so it does not wrap round.
-  void plan(std::size_t window, bool training);
+  void plan(std::size_t per_streamed, std::size_t per_any, bool training);
   bool planned() const { return planned_; }
   const std::vector<int>& order() const { return order_; }
   bool resident(int unit) const { return units_.at(unit).resident; }
 
   // Forward (or backward, in reverse order): the unit is about to run, its
-  // tensors are on the GPU for the compute stream, and the next `ahead`
-  // streamed units are brought meanwhile. Before plan(): brought on demand.
+  // tensors are on the GPU for the compute stream, and the next streamed
+  // units are brought meanwhile, `ahead` of the largest one's bytes (the
+  // whole window while a resident unit runs). Before plan(): brought on
+  // demand.
   void before(int unit, bool backward);
   // The unit's kernels are queued: it may leave when room is needed.
   void after(int unit);
@@ -112,6 +116,7 @@ class StreamExecutor {
     std::vector<at::Tensor> trainable;
     std::vector<int> grads;  // per trainable parameter, -1 until it had one
     bool resident = false;
+    std::size_t stream_bytes = 0;  // what it brings when it streams (after plan)
     bool staged = false;     // brought ahead, not yet run: holds its tensors
     bool staged_backward = false;
     bool running = false;    // between before() and after()
@@ -144,6 +149,7 @@ class StreamExecutor {
   ShareId share_;
   c10::Device device_;
   int ahead_;
+  std::size_t window_bytes_ = 0;  // the running unit and those brought ahead (after plan)
   bool in_place_;
   bool training_ = false;
   bool planned_ = false;
@@ -158,6 +164,15 @@ class StreamExecutor {
   std::vector<c10::cuda::CUDAStream> compute_streams_;  // every compute stream seen
   c10::cuda::CUDAStream bring_stream_;
   c10::cuda::CUDAStream home_stream_;
+  // Written slots let go whose copies home are under way, oldest first,
+  // and their bytes: the allocator holds them until the copy passes, beside
+  // the budget's books. A bring waits on the host while they take more
+  // than the plan's window (wait_for_homes).
+  std::deque<std::pair<std::unique_ptr<RuntimeEvent>, std::size_t>> homes_pending_;
+  std::size_t homes_pending_bytes_ = 0;
+  std::size_t homes_allowed_ = 0;  // the plan's window
+  void note_homes(std::size_t bytes);
+  void wait_for_homes();
   RuntimeEvent compute_done_;   // the compute stream's work before a batch of evictions
   RuntimeEvent homes_written_;  // the last copy home
   RuntimeEvent step_inputs_;    // the compute stream's work when optimizer.step() began

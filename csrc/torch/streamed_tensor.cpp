@@ -130,6 +130,7 @@ void StreamedTensor::bring(c10::cuda::CUDAStream stream) {
   TORCH_INTERNAL_ASSERT(has_home(), "torch_uvm: a streamed tensor has no home to come from");
   home_written_.block(ref(stream));
   slot_ = allocate_slot(nbytes_, stream);  // `stream`'s, first
+  slot_stream_ = stream;
   copy_bytes(slot_.mutable_data(), home_.data(), nbytes_, target_.device(), stream,
              copy_mechanisms().to_gpu);
   point_at(target_, slot_);
@@ -139,6 +140,7 @@ void StreamedTensor::bring(c10::cuda::CUDAStream stream) {
 void StreamedTensor::adopt() {
   if (in_slot()) return;
   slot_ = take_memory(target_);
+  slot_stream_.reset();  // the caller's allocator's, for the caller's stream
   point_at(target_, slot_);
   version_ = version();
 }
@@ -157,9 +159,22 @@ void StreamedTensor::leave(bool written, const RuntimeEvent& done,
     copy_bytes(home_.mutable_data(), slot_.data(), nbytes_, target_.device(), home_stream,
                copy_mechanisms().home);
     home_written_.record(ref(home_stream));
-    record_slot_stream(slot_, home_stream);
   }
-  record_slot_stream(slot_, compute);
+  if (slot_stream_) {
+    // Reused in stream order: the next slot drawn for the stream that
+    // filled this one is filled after the kernels that read it. Kept from
+    // reuse until the compute stream passes instead, a slot's memory would
+    // wait for the host to see it pass, and a host running ahead of the GPU
+    // would draw new memory meanwhile: the GPU would hold more than the
+    // budget. A copy home is waited for by the allocator, not by the stream:
+    // the bring stream would otherwise wait for every copy home, and the
+    // link's two directions would take turns.
+    done.block(ref(*slot_stream_));
+    if (written) record_slot_stream(slot_, home_stream);
+  } else {
+    if (written) record_slot_stream(slot_, home_stream);
+    record_slot_stream(slot_, compute);
+  }
   point_at(target_, home_);
   slot_ = c10::Storage();
   version_ = version();

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "torch/runtime_event.h"
@@ -77,8 +78,11 @@ class StreamedTensor {
   // The GPU memory the target has now becomes its slot (a new target).
   void adopt();
   // Leaves the GPU: written, the slot is copied home on `home_stream` after
-  // the work `done` marks; the target points at the home, and the slot goes
-  // back to the allocator once the streams that used it have passed.
+  // the work `done` marks (the compute stream's); the target points at the
+  // home. A brought slot goes back to the allocator for its stream's next
+  // slot, which that stream fills after `done` (once the copy home, if any,
+  // has passed); an adopted one once `compute` and `home_stream` have
+  // passed.
   void leave(bool written, const RuntimeEvent& done, c10::cuda::CUDAStream compute,
              c10::cuda::CUDAStream home_stream);
   // A new target of the same size (the next step's gradient) takes this
@@ -109,6 +113,9 @@ class StreamedTensor {
   std::size_t nbytes_;
   c10::Storage home_;
   c10::Storage slot_;           // defined while on the GPU
+  // The stream a brought slot was drawn for (reused in its order); none
+  // for memory adopted from the caller's allocator
+  std::optional<c10::cuda::CUDAStream> slot_stream_;
   RuntimeEvent home_written_;   // the last copy home
   bool own_home_ = false;       // made here (a gradient's, a state's), not given
   std::int64_t version_ = 0;    // the target's version when brought, adopted or sent home

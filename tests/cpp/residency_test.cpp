@@ -214,18 +214,5 @@ TEST(Residency, ATimelineRecordsEveryArrivalAndDepartureInOrder) {
   EXPECT_EQ(last[0].address, 0x3000u);
 }
 
-TEST(Residency, TheResidentPrefixOrSuffixIsWhatFitsTheRoomInOrder) {
-  using V = std::vector<bool>;
-  EXPECT_EQ(plan_resident({4, 4, 4}, 12, 0), (V{true, true, true}));   // all fit the budget
-  EXPECT_EQ(plan_resident({4, 4, 4}, 11, 9), (V{true, true, false}));
-  EXPECT_EQ(plan_resident({4, 8, 1}, 11, 9), (V{true, false, false}));  // a prefix, no gaps
-  EXPECT_EQ(plan_resident({4, 4}, 7, 0), (V{false, false}));
-  EXPECT_EQ(plan_resident({}, 0, 0), V{});
-  // at the end of the order (in-place reads), the same rule from the back
-  EXPECT_EQ(plan_resident({4, 4, 4}, 11, 9, ResidentAt::kEnd), (V{false, true, true}));
-  EXPECT_EQ(plan_resident({1, 8, 4}, 11, 9, ResidentAt::kEnd), (V{false, false, true}));
-  EXPECT_EQ(plan_resident({4, 4, 4}, 12, 0, ResidentAt::kEnd), (V{true, true, true}));
-}
-
 }  // namespace
 }  // namespace torch_uvm

@@ -113,7 +113,9 @@ def test_offloaded_model_matches_all_resident_within_its_budget(uvm, budget):
     assert s["evictions.drop"] > before["evictions.drop"]              # streamed, not kept
     assert s["evictions.write_home"] == before["evictions.write_home"]  # nothing written
     resident = handle.resident_units()
-    assert 0 < len(resident) < len(handle.units)          # a resident prefix, the rest streams
+    assert 0 < len(resident) < len(handle.units)          # some stay, the rest streams
+    # for inference, the last ones in the order: the streamed ones' kernels queue first
+    assert handle.units_in_order()[-len(resident):] == resident
     for u in handle.units:                                # where each weight is, by the driver
         w = u.module.weight
         if u in resident:
@@ -417,6 +419,73 @@ def test_offload_keeps_tied_weights_tied(uvm, budget):
             assert torch.equal(model(ids), want)
     handle.undo()
     assert model[1].weight is model[0].weight
+
+
+def test_streaming_holds_no_more_gpu_memory_than_its_budget_while_the_host_runs_ahead(
+        uvm, budget):
+    """The host queues a whole forward while the GPU sleeps. Each bring lets
+    a slot go whose kernels have not run yet: that memory is reused in
+    stream order by the next slot, not replaced by new memory while it
+    waits for the host to see the GPU pass it. Measured by PyTorch's own
+    allocator, which holds the slots alone (UVM on), apart from the
+    budget's books: the memory it reserves from the GPU (a slot freed but
+    held back counts as not allocated, and new memory is reserved)."""
+    x = torch.randn(16, 2048, device="cuda")
+    with torch.no_grad():
+        want = make_model(layers=16).cuda()(x)
+    model = make_model(layers=16)                         # 16 x 16 MiB, a 64 MiB budget
+    handle = uvm.offload(model, mode="prefetch")
+    try:
+        with torch.no_grad():
+            model(x)                                      # learns the order, warms the kernels
+            torch.cuda._sleep(1000)
+            torch.cuda.synchronize()
+            uvm.empty_cache()                             # the slots' cache too
+            uvm.reset_peak_memory_stats()
+            torch.cuda._sleep(200_000_000)                # the GPU sleeps ~0.1 s
+            out = model(x)                                # the host queues it all meanwhile
+            stats = uvm.memory_stats()                    # before the GPU wakes
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+        streamed = [u for u in handle.units if u not in handle.resident_units()]
+        assert len(streamed) >= 10                        # most of them streamed
+        assert stats["slots.cuda:0.reserved_bytes.peak"] <= budget
+    finally:
+        handle.undo()
+
+
+def test_a_resident_tied_embedding_streams_the_rest_through_a_smaller_window(uvm):
+    """GPT-2's shape: an embedding whose weight the head shares, layers
+    between. For inference the head stays resident at the end, with the
+    embedding's weight; what streams is a layer at a time, so the window is
+    two layers, not two embeddings, and more layers stay."""
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(1024, 1024) for _ in range(16)]             # 4 MiB each
+    model = torch.nn.Sequential(torch.nn.Embedding(8192, 1024), *layers,   # 32 MiB
+                                torch.nn.Linear(1024, 8192))
+    model[-1].weight = model[0].weight
+    ids = torch.randint(0, 8192, (4, 64), device="cuda")
+    with torch.no_grad():
+        want = model.cuda()(ids)
+    model.cpu()
+    budget = 80 * MiB                                     # 96 MiB of weights
+    handle = uvm.offload(model, budget=budget, mode="prefetch")
+    try:
+        with torch.no_grad():
+            outs = [model(ids) for _ in range(3)]
+        torch.cuda.synchronize()
+        for out in outs:
+            assert torch.equal(out, want)
+        resident = handle.resident_units()
+        assert handle.units_in_order()[-len(resident):] == resident      # at the end
+        names = [u.name for u in resident]
+        assert str(len(model) - 1) in names               # the head, with the shared weight
+        # a window of two 32 MiB units would leave 16 MiB: no room for the
+        # head, nothing resident; two layers' (8 MiB) leaves room for it and ten
+        assert len(resident) >= 10
+        assert handle.residency_stats()["resident_bytes.peak"] <= budget
+    finally:
+        handle.undo()
 
 
 def test_prefetching_lets_go_of_batches_and_of_a_loop_left_early(uvm, budget):
