@@ -36,7 +36,8 @@ def torchrun(script: str, *args: str, nproc: int = 2, timeout: int = 600) -> sub
     """`torchrun --standalone --nproc-per-node nproc script args...`
     (torch.distributed.run, the launcher users already run), with the
     repository on sys.path. Standalone: a free port of its own, not 29500,
-    which another run on the machine may hold (a CPU run failed so once)."""
+    which another run on the machine may hold (a CPU run failed once; its
+    output was not kept, so that is a guess at the cause)."""
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            f"--nproc-per-node={nproc}", script, *args],
                           env=_child_env(), capture_output=True, text=True, timeout=timeout)
