@@ -1,7 +1,6 @@
 #include "core/resident_plan.h"
 
 #include <algorithm>
-#include <functional>
 
 namespace torch_uvm {
 namespace {
@@ -27,50 +26,41 @@ ResidentPlan plan_resident(const std::vector<std::vector<int>>& units,
                            Window window, ResidentAt at) {
   const std::size_t n = units.size();
   const std::vector<bool> none(piece_bytes.size(), false);
-  std::vector<bool> used(piece_bytes.size(), false);
-  std::size_t total = 0, largest = 0;
-  std::vector<std::size_t> sizes;  // each unit's own bytes: the window candidates
-  for (const auto& u : units) {
-    total += new_bytes(u, piece_bytes, used);
-    for (int p : u) used[p] = true;
-    sizes.push_back(new_bytes(u, piece_bytes, none));
-    largest = std::max(largest, sizes.back());
-  }
-  if (total <= budget) return {std::vector<bool>(n, true), total, 0};
-
-  ResidentPlan best{std::vector<bool>(n, false), 0, 0};
-  bool found = false;
-  sizes.push_back(0);
-  std::sort(sizes.begin(), sizes.end(), std::greater<>());
-  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
-  // Each candidate bounds the largest streamed unit: it sizes the window,
-  // the rest of the budget takes resident units in order, and the plan
-  // holds if nothing larger is left to stream.
-  for (std::size_t bound : sizes) {
-    const std::size_t need = window.per_streamed * bound + window.per_any * largest;
-    if (need > budget) continue;
-    std::size_t room = budget - need;
-    ResidentPlan plan{std::vector<bool>(n, false), 0, need};
-    std::vector<bool> taken(piece_bytes.size(), false);
-    for (std::size_t k = 0; k < n; ++k) {
-      const std::size_t i = at == ResidentAt::kStart ? k : n - 1 - k;
-      const std::size_t more = new_bytes(units[i], piece_bytes, taken);
-      if (more > room) break;  // no gaps: the rest streams
-      room -= more;
-      plan.resident_bytes += more;
-      plan.resident[i] = true;
-      for (int p : units[i]) taken[p] = true;
+  std::size_t largest = 0;
+  for (const auto& u : units) largest = std::max(largest, new_bytes(u, piece_bytes, none));
+  // A step's gradients and states come beside everything, streamed or not.
+  const std::size_t step = window.per_any * largest;
+  auto index = [&](std::size_t k) { return at == ResidentAt::kStart ? k : n - 1 - k; };
+  // The first k units at `at` resident, for each k: the rest streams
+  // through a window sized by the largest of them once the resident ones'
+  // pieces are counted. Resident bytes never fall as k grows, so the
+  // longest run that fits wins.
+  constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  std::size_t best = kNone, best_bytes = 0, best_window = 0;
+  std::vector<bool> taken(piece_bytes.size(), false);
+  std::size_t resident = 0;
+  for (std::size_t k = 0; k <= n; ++k) {
+    if (k > 0) {
+      const auto& u = units[index(k - 1)];
+      resident += new_bytes(u, piece_bytes, taken);
+      for (int p : u) taken[p] = true;
     }
     std::size_t streamed = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      if (!plan.resident[i]) streamed = std::max(streamed, new_bytes(units[i], piece_bytes, taken));
+    for (std::size_t j = k; j < n; ++j) {
+      streamed = std::max(streamed, new_bytes(units[index(j)], piece_bytes, taken));
     }
-    if (streamed > bound) continue;  // the window would not hold it
-    if (!found || plan.resident_bytes > best.resident_bytes) best = std::move(plan);
-    found = true;
+    const std::size_t need = (streamed > 0 ? window.per_streamed * streamed : 0) + step;
+    if (resident + need > budget) continue;
+    best = k;  // later runs keep as many bytes or more: the longest that fits wins
+    best_bytes = resident;
+    best_window = need;
   }
-  if (!found) best.window_bytes = budget;  // nothing resident: the whole budget streams
-  return best;
+  ResidentPlan plan{std::vector<bool>(n, false), 0, budget};  // none fits: the budget streams
+  if (best == kNone) return plan;
+  for (std::size_t j = 0; j < best; ++j) plan.resident[index(j)] = true;
+  plan.resident_bytes = best_bytes;
+  plan.window_bytes = best_window;
+  return plan;
 }
 
 }  // namespace torch_uvm

@@ -39,10 +39,12 @@ struct ResidentPlan {
 // `piece_bytes`; a piece shared by units (a tied weight) is resident when
 // any resident unit holds it, and crosses the link only with a unit that
 // is not. The resident units are the longest run at `at` (no gaps) that
-// fits the budget beside the window; the window is sized by the largest
-// unit that then streams, so a plan that keeps a large unit resident
-// streams through a smaller window. Of all such plans, the one with the
-// most resident bytes. Everything resident (no window) when all fits.
+// fits the budget beside its window; the window is sized by the largest
+// unit that then streams (its pieces not resident), so a plan that keeps a
+// large unit resident streams through a smaller window. Everything is
+// resident when all of it fits beside `per_any` of the largest unit (a
+// step's room). When no run fits, nothing is resident and the window is
+// the whole budget. O(units x pieces) per run length.
 ResidentPlan plan_resident(const std::vector<std::vector<int>>& units,
                            const std::vector<std::size_t>& piece_bytes, std::size_t budget,
                            Window window, ResidentAt at = ResidentAt::kStart);

@@ -33,6 +33,7 @@ TEST(ResidentPlan, TheResidentPrefixOrSuffixIsWhatFitsBesideTheWindowInOrder) {
   EXPECT_EQ(plan({1, 8, 4}, 11, none, ResidentAt::kEnd), (V{false, false, true}));
   EXPECT_EQ(plan({4, 4, 4, 4}, 15, two), (V{true, false, false, false}));  // 8 for the window
   EXPECT_EQ(plan({4, 4}, 7, two), (V{false, false}));              // no room beside it
+  EXPECT_EQ(plan_resident(own(2), {4, 4}, 7, two, ResidentAt::kStart).window_bytes, 7u);
   EXPECT_EQ(plan({}, 0, two), V{});
   const ResidentPlan p = plan_resident(own(4), {4, 4, 4, 4}, 15, two, ResidentAt::kStart);
   EXPECT_EQ(p.resident_bytes, 4u);
@@ -63,6 +64,12 @@ TEST(ResidentPlan, TheWindowIsSizedByTheLargestUnitThatStreams) {
   const ResidentPlan step = plan_resident(own(7), more, 17, {2, 1}, ResidentAt::kEnd);
   EXPECT_EQ(step.resident, (V{false, false, false, false, false, false, true}));
   EXPECT_EQ(step.window_bytes, 10u);  // 2 x 2 + 1 x 6
+  // Everything fits, but a step needs room beside it: not all resident
+  // until the budget holds the weights and a step of the largest unit.
+  EXPECT_EQ(plan({4, 4, 4}, 12, {2, 1}), V(3, false));
+  const ResidentPlan all = plan_resident(own(3), {4, 4, 4}, 16, {2, 1}, ResidentAt::kStart);
+  EXPECT_EQ(all.resident, V(3, true));
+  EXPECT_EQ(all.window_bytes, 4u);
 }
 
 TEST(ResidentPlan, ATiedPieceCountsOnceAndStreamsWithNoUnitWhenResident) {
@@ -84,6 +91,14 @@ TEST(ResidentPlan, ATiedPieceCountsOnceAndStreamsWithNoUnitWhenResident) {
   EXPECT_EQ(p.resident, (V{true, true, false, false, false}));
   EXPECT_EQ(p.resident_bytes, 12u);
   EXPECT_EQ(p.window_bytes, 4u);
+  // A streamed unit shrinks once a resident one holds its tied piece: the
+  // head (10 tied + 6) streams 6, so the window is 2 x 6, not 2 x 16, and
+  // four layers stay beside the embedding (22 bytes resident, not 13).
+  const std::vector<std::vector<int>> eight{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {0, 9}};
+  const std::vector<std::size_t> sized{10, 3, 3, 3, 3, 3, 3, 3, 3, 6};
+  p = plan_resident(eight, sized, 34, {2, 0}, ResidentAt::kStart);
+  EXPECT_EQ(p.resident_bytes, 22u);
+  EXPECT_EQ(p.window_bytes, 12u);
 }
 
 }  // namespace
