@@ -55,11 +55,24 @@ ResidentPlan plan_resident(const std::vector<std::vector<int>>& units,
     best_bytes = resident;
     best_window = need;
   }
-  ResidentPlan plan{std::vector<bool>(n, false), 0, budget};  // none fits: the budget streams
-  if (best == kNone) return plan;
-  for (std::size_t j = 0; j < best; ++j) plan.resident[index(j)] = true;
-  plan.resident_bytes = best_bytes;
-  plan.window_bytes = best_window;
+  ResidentPlan plan;
+  plan.resident.assign(n, false);
+  plan.window_bytes = budget;  // none fits: the budget streams
+  if (best != kNone) {
+    for (std::size_t j = 0; j < best; ++j) plan.resident[index(j)] = true;
+    plan.resident_bytes = best_bytes;
+    plan.window_bytes = best_window;
+  }
+  std::fill(taken.begin(), taken.end(), false);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (plan.resident[i]) {
+      for (int p : units[i]) taken[p] = true;
+    }
+  }
+  for (const auto& u : units) {
+    plan.stream_bytes.push_back(new_bytes(u, piece_bytes, taken));
+    plan.largest_streamed = std::max(plan.largest_streamed, plan.stream_bytes.back());
+  }
   return plan;
 }
 

@@ -33,6 +33,10 @@ struct ResidentPlan {
   std::vector<bool> resident;     // per unit, in the order given
   std::size_t resident_bytes = 0; // each piece once
   std::size_t window_bytes = 0;   // what streaming needs beside them
+  // Per unit, the bytes it brings when it runs: its pieces no resident
+  // unit holds (0 for a resident one); and the largest of them.
+  std::vector<std::size_t> stream_bytes;
+  std::size_t largest_streamed = 0;
 };
 
 // `units[i]`: the pieces (tensors) unit i holds, by index into

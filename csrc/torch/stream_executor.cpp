@@ -215,7 +215,8 @@ void StreamExecutor::wait_ready(const std::vector<int>& ids) {
 }
 
 void StreamExecutor::plan(std::size_t per_streamed, std::size_t per_any, bool training) {
-  TraceScope scope("plan", "", per_streamed);
+  const std::size_t budget = budget_.share_stats(share_).limit;
+  TraceScope scope("plan", "", budget);
   training_ = training;
   std::vector<int> seen;
   std::unordered_set<int> taken;
@@ -237,14 +238,14 @@ void StreamExecutor::plan(std::size_t per_streamed, std::size_t per_any, bool tr
   // For inference the streamed units run first (core/resident_plan.h,
   // ResidentAt); a backward ends on the resident ones.
   const ResidentPlan planned =
-      plan_resident(pieces, piece_bytes, budget_.share_stats(share_).limit,
-                    Window{per_streamed, per_any},
+      plan_resident(pieces, piece_bytes, budget, Window{per_streamed, per_any},
                     training ? ResidentAt::kStart : ResidentAt::kEnd);
   const std::vector<bool>& resident = planned.resident;
   homes_allowed_ = planned.window_bytes;
   for (std::size_t i = 0; i < order_.size(); ++i) {
     Unit& u = units_[order_[i]];
     u.resident = resident[i];
+    u.stream_bytes = planned.stream_bytes[i];  // a tied weight held resident is not brought
     if (!u.resident) continue;
     bring_entries(u.tensors, bring_stream_);
     for (int id : u.tensors) {
@@ -252,15 +253,7 @@ void StreamExecutor::plan(std::size_t per_streamed, std::size_t per_any, bool tr
       release(id);
     }
   }
-  // What each streamed unit brings (a tied weight a resident unit holds
-  // is not brought again), and the window: `ahead` + 1 of the largest.
-  std::size_t largest = 0;
-  for (Unit& u : units_) {
-    u.stream_bytes = 0;
-    for (int id : u.tensors) u.stream_bytes += entries_[id].pinned ? 0 : entries_[id].tensor->nbytes();
-    if (!u.resident) largest = std::max(largest, u.stream_bytes);
-  }
-  window_bytes_ = static_cast<std::size_t>(ahead_ + 1) * largest;
+  window_bytes_ = static_cast<std::size_t>(ahead_ + 1) * planned.largest_streamed;
   for (Unit& u : units_) {
     if (u.resident) wait_ready(u.tensors);
   }

@@ -160,19 +160,19 @@ void StreamedTensor::leave(bool written, const RuntimeEvent& done,
                copy_mechanisms().home);
     home_written_.record(ref(home_stream));
   }
+  // A copy home is waited for by the allocator, not by a stream: the bring
+  // stream would otherwise wait for every copy home, and the link's two
+  // directions would take turns.
+  if (written) record_slot_stream(slot_, home_stream);
   if (slot_stream_) {
     // Reused in stream order: the next slot drawn for the stream that
     // filled this one is filled after the kernels that read it. Kept from
     // reuse until the compute stream passes instead, a slot's memory would
     // wait for the host to see it pass, and a host running ahead of the GPU
     // would draw new memory meanwhile: the GPU would hold more than the
-    // budget. A copy home is waited for by the allocator, not by the stream:
-    // the bring stream would otherwise wait for every copy home, and the
-    // link's two directions would take turns.
+    // budget.
     done.block(ref(*slot_stream_));
-    if (written) record_slot_stream(slot_, home_stream);
   } else {
-    if (written) record_slot_stream(slot_, home_stream);
     record_slot_stream(slot_, compute);
   }
   point_at(target_, home_);

@@ -83,6 +83,9 @@ TEST(ResidentPlan, ATiedPieceCountsOnceAndStreamsWithNoUnitWhenResident) {
   EXPECT_EQ(p.resident, (V{false, false, false, false, true}));
   EXPECT_EQ(p.resident_bytes, 11u);
   EXPECT_EQ(p.window_bytes, 4u);
+  // what each brings when it runs: the embedding nothing, the head nothing
+  EXPECT_EQ(p.stream_bytes, (std::vector<std::size_t>{0, 2, 2, 2, 0}));
+  EXPECT_EQ(p.largest_streamed, 2u);
   // Everything fits when the tied piece counts once (17 bytes).
   EXPECT_EQ(plan_resident(units, bytes, 17, {2, 0}, ResidentAt::kEnd).resident, V(5, true));
   // At the start: the embedding resident; the head then streams its bias
