@@ -45,8 +45,12 @@ MODES = ("auto", "in_place", "prefetch")
 IN_PLACE_MAX_ROWS = 128
 # What training streams beside the resident prefix, in units of the largest
 # submodule: `ahead + 1` submodules' weights, and one submodule's gradients
-# and two optimizer states while it steps.
+# and two optimizer states while it steps (needed); and the submodule's
+# before it, whose weights and states are still on their way home (their
+# memory counts until the copies pass: room for them lets the link's two
+# directions overlap, where a step would otherwise wait for the last one's).
 TRAINING_EXTRA = 3
+TRAINING_HOMES = 3
 
 
 def _rows(obj) -> int:
@@ -66,19 +70,21 @@ def _rows(obj) -> int:
     return 0
 
 
-def window_units(mode: str, training: bool, ahead: int) -> Tuple[int, int]:
+def window_units(mode: str, training: bool, ahead: int, homes: bool = True) -> Tuple[int, int]:
     """What streaming needs beside the resident units: so many of the
     largest streamed submodule (the one running and those brought ahead),
-    and so many of the largest submodule (a step's gradients and states)."""
+    and so many of the largest submodule (a step's gradients and states,
+    and, `homes`, the last step's copies home)."""
     if training:
-        return ahead + 1, TRAINING_EXTRA
+        return ahead + 1, TRAINING_EXTRA + (TRAINING_HOMES if homes else 0)
     return (0 if mode == "in_place" else ahead + 1), 0
 
 
 def window_bytes(mode: str, training: bool, ahead: int, largest: int) -> int:
-    """The most budget streaming can need beside the resident units: its
-    window when the largest submodule streams."""
-    return sum(window_units(mode, training, ahead)) * largest
+    """The least budget streaming needs beside the resident units: its
+    window when the largest submodule streams (without room for copies
+    home, which it then waits for)."""
+    return sum(window_units(mode, training, ahead, homes=False)) * largest
 
 
 class Offloaded:

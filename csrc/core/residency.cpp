@@ -115,6 +115,7 @@ void ResidencyBudget::close_share(ShareId share) {
   auto it = shares_.find(share);
   if (it == shares_.end()) return;
   while (!it->second.lru.empty()) erase(it->second.lru.begin(), ResidencyEvent::kForget);
+  per_device(it->second.device).stats.leaving_bytes -= it->second.stats.leaving_bytes;
   auto& ids = per_device(it->second.device).shares;
   ids.erase(std::remove(ids.begin(), ids.end(), share), ids.end());
   shares_.erase(it);
@@ -214,7 +215,8 @@ std::vector<EvictionStep> ResidencyBudget::admit(DeviceIndex device, std::uintpt
                         bytes, " bytes to cuda:", device, " would exceed the ", whose, " of ",
                         *budget, " bytes even after evicting every range not in use (",
                         s.stats.resident_bytes - evictable, " bytes are in use)");
-    for (auto it = s.lru.begin(); it != s.lru.end() && s.stats.resident_bytes + bytes > *budget;) {
+    for (auto it = s.lru.begin();
+         it != s.lru.end() && s.stats.resident_bytes + s.stats.leaving_bytes + bytes > *budget;) {
       if (it->busy) {
         ++it;
         continue;
@@ -232,10 +234,39 @@ std::vector<EvictionStep> ResidencyBudget::admit(DeviceIndex device, std::uintpt
   for (ResidencyStats* st : {&s.stats, &d.stats}) {
     st->resident_bytes += bytes;
     if (arrives) st->prefetched_bytes += bytes;
-    st->peak_resident_bytes = std::max(st->peak_resident_bytes, st->resident_bytes);
+    note_peak(*st);
   }
   note(*where_[address], arrives ? ResidencyEvent::kArrive : ResidencyEvent::kAdopt);
   return steps;
+}
+
+void ResidencyBudget::note_peak(ResidencyStats& s) {
+  s.peak_resident_bytes = std::max(s.peak_resident_bytes, s.resident_bytes + s.leaving_bytes);
+}
+
+void ResidencyBudget::leaving(DeviceIndex device, ShareId share, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Share& s = share_of(device, share);
+  for (ResidencyStats* st : {&s.stats, &per_device(device).stats}) {
+    st->leaving_bytes += bytes;
+    note_peak(*st);
+  }
+}
+
+void ResidencyBudget::left(DeviceIndex device, ShareId share, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Share& s = share_of(device, share);
+  TORCH_UVM_CHECK_ARG(bytes <= s.stats.leaving_bytes, "residency share ", share, ": ", bytes,
+                  " bytes left, but only ", s.stats.leaving_bytes, " were leaving");
+  for (ResidencyStats* st : {&s.stats, &per_device(device).stats}) st->leaving_bytes -= bytes;
+}
+
+std::size_t ResidencyBudget::excess(DeviceIndex device, ShareId share) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Share& s = const_cast<ResidencyBudget*>(this)->share_of(device, share);
+  const auto budget = budget_of(s);
+  const std::size_t held = s.stats.resident_bytes + s.stats.leaving_bytes;
+  return budget && held > *budget ? held - *budget : 0;
 }
 
 void ResidencyBudget::set_busy(std::uintptr_t address, bool busy) {
@@ -308,10 +339,10 @@ ResidencyStats ResidencyBudget::share_stats(ShareId share) const {
 void ResidencyBudget::reset_peak(DeviceIndex device) {
   std::lock_guard<std::mutex> lock(mutex_);
   ResidencyStats& s = per_device(device).stats;
-  s.peak_resident_bytes = s.resident_bytes;
+  s.peak_resident_bytes = s.resident_bytes + s.leaving_bytes;
   for (ShareId id : per_device(device).shares) {
     ResidencyStats& t = shares_.at(id).stats;
-    t.peak_resident_bytes = t.resident_bytes;
+    t.peak_resident_bytes = t.resident_bytes + t.leaving_bytes;
   }
 }
 

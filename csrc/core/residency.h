@@ -47,7 +47,10 @@ constexpr ShareId kDeviceShare = 0;  // per GPU: what the limit leaves over the 
 struct ResidencyStats {
   std::size_t limit = 0;  // the GPU's limit, or the share's budget; 0: none
   std::size_t resident_bytes = 0;
-  std::size_t peak_resident_bytes = 0;
+  // Evicted with a copy home under way: the GPU memory they held is not
+  // free before the copy passes (ResidencyBudget::leaving).
+  std::size_t leaving_bytes = 0;
+  std::size_t peak_resident_bytes = 0;     // of resident and leaving bytes together
   std::size_t prefetched_bytes = 0;        // brought to the GPU, all time
   std::size_t evictions[2] = {0, 0};       // by Eviction
   std::size_t evicted_bytes[2] = {0, 0};   // by Eviction
@@ -87,12 +90,26 @@ class ResidencyBudget {
   // evict first, least recently used first, never a busy one. An admitted
   // range counts as resident and most recently used. Already resident in
   // the share: only touched. Throws InvalidArgument when the range cannot
-  // fit even after evicting every range of the share that is not busy.
+  // fit even after evicting every range of the share that is not busy and
+  // the copies home under way passed (leaving).
   // `arrives`: its bytes cross to the GPU (counted in prefetched_bytes);
   // false for memory made on the GPU (a new gradient) that is only counted.
   std::vector<EvictionStep> admit(DeviceIndex device, std::uintptr_t address, std::size_t bytes,
                                   bool written, ShareId share = kDeviceShare,
                                   bool arrives = true);
+
+  // `bytes` of `share` were evicted and their copy home is under way: their
+  // GPU memory is held until it passes, and counts against the share as a
+  // resident range does, never evicted: admit() makes room around it, and
+  // the caller waits for copies home while excess() says so. left(): the
+  // copy passed.
+  void leaving(DeviceIndex device, ShareId share, std::size_t bytes);
+  void left(DeviceIndex device, ShareId share, std::size_t bytes);
+  // How many bytes the share's resident and leaving ranges hold over its
+  // budget (0 within it, or without a budget). Before drawing GPU memory
+  // for a range just admitted, wait for copies home until it is 0: the GPU
+  // then never holds more than the budget, in the books and in memory.
+  std::size_t excess(DeviceIndex device, ShareId share) const;
 
   // A range in use by work still running may not be evicted.
   void set_busy(std::uintptr_t address, bool busy);
@@ -155,6 +172,7 @@ class ResidencyBudget {
   std::optional<std::size_t> budget_of(const Share& s) const;
   std::string holders(const PerDevice& d) const;
   void count_eviction(Share& s, const Range& r, Eviction how);
+  static void note_peak(ResidencyStats& s);
   // Every change of resident bytes goes through these two, which record it.
   void erase(Lru::iterator it, ResidencyEvent::Kind why);
   void note(const Range& r, ResidencyEvent::Kind kind);

@@ -106,7 +106,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     py::dict d;
     d["limit"] = s.limit;
     d["resident_bytes.current"] = s.resident_bytes;
-    d["resident_bytes.peak"] = s.peak_resident_bytes;
+    d["resident_bytes.peak"] = s.peak_resident_bytes;  // resident and leaving together
+    d["leaving_bytes.current"] = s.leaving_bytes;
     d["prefetched_bytes"] = s.prefetched_bytes;
     d["evictions.drop"] = s.evictions[0];
     d["evictions.write_home"] = s.evictions[1];

@@ -139,20 +139,30 @@ void StreamExecutor::note_homes(std::size_t bytes) {
   homes_written_.record(ref(home_stream_));
   auto done = std::make_unique<RuntimeEvent>(allocator().runtime());
   done->record(ref(home_stream_));
+  budget_.leaving(device_.index(), share_, bytes);
   homes_pending_.emplace_back(std::move(done), bytes);
-  homes_pending_bytes_ += bytes;
 }
 
-// Slots let go with their copies home under way are freed by the allocator
-// once the copy passes; a host running ahead of those copies would draw new
-// memory for every bring meanwhile. Past a window's worth, the host waits
-// for the oldest: the GPU then holds at most the budget and one window.
-void StreamExecutor::wait_for_homes() {
-  while (!homes_pending_.empty() &&
-         (homes_pending_bytes_ > homes_allowed_ || homes_pending_.front().first->done())) {
+void StreamExecutor::pass_home() {
+  budget_.left(device_.index(), share_, homes_pending_.front().second);
+  homes_pending_.pop_front();
+}
+
+void StreamExecutor::reap_homes() {
+  while (!homes_pending_.empty() && homes_pending_.front().first->done()) pass_home();
+}
+
+// A slot let go with its copy home under way is freed by the allocator once
+// the copy passes; drawn before that, a new slot would be new memory. The
+// budget counts such bytes as leaving until then: while they hold the share
+// over its budget, the host waits for the oldest copy. The GPU then holds
+// no more than the budget, in memory as in the books.
+void StreamExecutor::make_room() {
+  reap_homes();
+  while (!homes_pending_.empty() && budget_.excess(device_.index(), share_) > 0) {
+    TraceScope scope("wait_for_home", "", homes_pending_.front().second);
     homes_pending_.front().first->wait();
-    homes_pending_bytes_ -= homes_pending_.front().second;
-    homes_pending_.pop_front();
+    pass_home();
   }
 }
 
@@ -160,12 +170,10 @@ bool StreamExecutor::leave(int id, bool written) {
   StreamedTensor& t = *entries_[id].tensor;
   written = written || t.changed() || !t.has_home();
   TraceScope scope(written ? "write_home" : "drop", entries_[id].name, t.nbytes(), ref(home_stream_));
-  t.leave(written, compute_done_, compute(), home_stream_);
-  return written;
+  return t.leave(written, compute_done_, compute(), home_stream_);
 }
 
 void StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAStream stream) {
-  wait_for_homes();
   auto ready = std::make_shared<RuntimeEvent>(allocator().runtime());
   bool brought = false;
   // A home written in place on the compute stream (DDP's averaged gradient)
@@ -187,6 +195,7 @@ void StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAS
       hold(id);
       held.push_back(id);
       if (t.in_slot()) continue;
+      make_room();
       try {
         t.bring(stream);
       } catch (...) {
@@ -217,6 +226,7 @@ void StreamExecutor::wait_ready(const std::vector<int>& ids) {
 void StreamExecutor::plan(std::size_t per_streamed, std::size_t per_any, bool training) {
   const std::size_t budget = budget_.share_stats(share_).limit;
   TraceScope scope("plan", "", budget);
+  reap_homes();
   training_ = training;
   std::vector<int> seen;
   std::unordered_set<int> taken;
@@ -241,7 +251,6 @@ void StreamExecutor::plan(std::size_t per_streamed, std::size_t per_any, bool tr
       plan_resident(pieces, piece_bytes, budget, Window{per_streamed, per_any},
                     training ? ResidentAt::kStart : ResidentAt::kEnd);
   const std::vector<bool>& resident = planned.resident;
-  homes_allowed_ = planned.window_bytes;
   for (std::size_t i = 0; i < order_.size(); ++i) {
     Unit& u = units_[order_[i]];
     u.resident = resident[i];

@@ -165,14 +165,13 @@ class StreamExecutor {
   c10::cuda::CUDAStream bring_stream_;
   c10::cuda::CUDAStream home_stream_;
   // Written slots let go whose copies home are under way, oldest first,
-  // and their bytes: the allocator holds them until the copy passes, beside
-  // the budget's books. A bring waits on the host while they take more
-  // than the plan's window (wait_for_homes).
+  // and their bytes: the allocator holds them until the copy passes, and
+  // the budget counts them as leaving until then (make_room).
   std::deque<std::pair<std::unique_ptr<RuntimeEvent>, std::size_t>> homes_pending_;
-  std::size_t homes_pending_bytes_ = 0;
-  std::size_t homes_allowed_ = 0;  // the plan's window
   void note_homes(std::size_t bytes);
-  void wait_for_homes();
+  void pass_home();   // the oldest copy home passed
+  void reap_homes();  // those that passed
+  void make_room();   // before drawing a slot: waits while they hold the share over its budget
   RuntimeEvent compute_done_;   // the compute stream's work before a batch of evictions
   RuntimeEvent homes_written_;  // the last copy home
   RuntimeEvent step_inputs_;    // the compute stream's work when optimizer.step() began

@@ -145,9 +145,9 @@ void StreamedTensor::adopt() {
   version_ = version();
 }
 
-void StreamedTensor::leave(bool written, const RuntimeEvent& done,
+bool StreamedTensor::leave(bool written, const RuntimeEvent& done,
                            c10::cuda::CUDAStream compute, c10::cuda::CUDAStream home_stream) {
-  if (!in_slot()) return;
+  if (!in_slot()) return false;
   // A home another tensor still reads (an earlier step's gradient the user
   // kept) is not overwritten: this one gets its own.
   if (!has_home() || (own_home_ && home_.use_count() > 1)) {
@@ -178,6 +178,7 @@ void StreamedTensor::leave(bool written, const RuntimeEvent& done,
   point_at(target_, home_);
   slot_ = c10::Storage();
   version_ = version();
+  return written;
 }
 
 void StreamedTensor::retarget(at::Tensor target) {

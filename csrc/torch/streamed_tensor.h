@@ -82,8 +82,9 @@ class StreamedTensor {
   // home. A brought slot goes back to the allocator for its stream's next
   // slot, which that stream fills after `done` (once the copy home, if any,
   // has passed); an adopted one once `compute` and `home_stream` have
-  // passed.
-  void leave(bool written, const RuntimeEvent& done, c10::cuda::CUDAStream compute,
+  // passed. Returns whether it was written home (also when `written` was
+  // false but its home is another tensor's too, or it had none).
+  bool leave(bool written, const RuntimeEvent& done, c10::cuda::CUDAStream compute,
              c10::cuda::CUDAStream home_stream);
   // A new target of the same size (the next step's gradient) takes this
   // one's home; the old target keeps its value where it is.

@@ -86,6 +86,49 @@ TEST(Residency, BadInputAndForgottenRanges) {
 }
 
 
+// A written range evicted with its copy home under way still holds its GPU
+// memory: it counts until the copy passes, and room for a new range is made
+// around it (the slots' real memory, not only the books, stays within).
+TEST(Residency, CopiesHomeUnderWayCountUntilTheyPass) {
+  ResidencyBudget b;
+  const ShareId s = b.open_share(0, 4 * kMiB, "M", 64 * kMiB);
+  b.admit(0, 0x1000, kMiB, true, s);
+  b.admit(0, 0x2000, kMiB, false, s);
+  b.admit(0, 0x3000, kMiB, false, s);
+  ASSERT_EQ(b.evict(0x1000), Eviction::kWriteHome);
+  b.leaving(0, s, kMiB);                              // its copy home is queued
+  EXPECT_EQ(b.share_stats(s).resident_bytes, 2 * kMiB);
+  EXPECT_EQ(b.share_stats(s).leaving_bytes, kMiB);
+  EXPECT_EQ(b.stats(0).leaving_bytes, kMiB);
+  EXPECT_EQ(b.excess(0, s), 0u);
+  // 2 MiB more: the leaving MiB is not free, so the oldest clean one goes
+  auto steps = b.admit(0, 0x4000, 2 * kMiB, false, s);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].address, 0x2000u);
+  EXPECT_EQ(b.excess(0, s), 0u);
+  EXPECT_EQ(b.share_stats(s).peak_resident_bytes, 4 * kMiB);
+  // a busy range and the leaving one: 2 MiB more fits once the copy passes,
+  // and until then the share is over by the leaving MiB
+  b.set_busy(0x4000, true);
+  steps = b.admit(0, 0x5000, 2 * kMiB, false, s);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].address, 0x3000u);
+  EXPECT_EQ(b.excess(0, s), kMiB);
+  EXPECT_EQ(b.share_stats(s).peak_resident_bytes, 5 * kMiB);   // measured, not hidden
+  b.left(0, s, kMiB);
+  EXPECT_EQ(b.excess(0, s), 0u);
+  EXPECT_EQ(b.share_stats(s).leaving_bytes, 0u);
+  // what never left cannot pass; a busy share past its budget still refuses
+  EXPECT_THROW(b.left(0, s, 1), InvalidArgument);
+  b.set_busy(0x5000, true);
+  EXPECT_THROW(b.admit(0, 0x6000, kMiB, false, s), InvalidArgument);
+  // a share closed with copies under way takes them off the GPU's figures
+  b.leaving(0, s, kMiB);
+  b.close_share(s);
+  EXPECT_EQ(b.stats(0).leaving_bytes, 0u);
+  EXPECT_EQ(b.stats(0).resident_bytes, 0u);
+}
+
 TEST(Residency, EachShareIsItsOwnBudgetWhateverTheOrder) {
   ResidencyBudget b;
   const std::size_t cap = 64 * kMiB;

@@ -615,6 +615,43 @@ def test_training_under_a_budget_gives_the_all_resident_losses(uvm, in_backward,
     assert "step" not in optimizer.__dict__
 
 
+@pytest.mark.parametrize("in_backward", [False, True], ids=["step_after", "step_in_backward"])
+def test_training_holds_no_more_gpu_memory_than_its_budget_while_copies_go_home(
+        uvm, in_backward):
+    """A step writes weights, gradients and states home while the host runs
+    ahead of a sleeping GPU. A slot whose copy home is under way is not free
+    before the copy passes: the budget counts it until then, and the host
+    waits for copies rather than draw new memory. Measured by PyTorch's own
+    allocator, which holds the slots alone (UVM on): the memory it reserves
+    from the GPU stays within the budget, beside one 2 MiB segment that
+    holds the biases (PyTorch's allocator serves allocations under 1 MiB from
+    segments of 2 MiB)."""
+    torch.manual_seed(1)
+    x = torch.randn(64, 2048, device="cuda")
+    model = make_model()                                  # 8 x 16 MiB
+    budget = 96 * MiB                                     # a step's four tensors take 64
+    handle = uvm.offload(model, budget=budget)
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                        step_in_backward=in_backward)
+    try:
+        for step in range(3):
+            if step == 1:                                 # states exist: measure from here
+                torch.cuda.synchronize()
+                uvm.empty_cache()
+                uvm.reset_peak_memory_stats()
+            torch.cuda._sleep(100_000_000)                # the host runs ahead meanwhile
+            model(x).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        torch.cuda.synchronize()
+        stats = uvm.memory_stats()
+        assert handle.residency_stats()["resident_bytes.peak"] <= budget   # the books
+        assert stats["slots.cuda:0.reserved_bytes.peak"] <= budget + 2 * MiB   # the GPU
+        assert handle.residency_stats()["evictions.write_home"] > 0
+    finally:
+        handle.undo()
+
+
 def test_profiler_traces_name_what_the_offload_moves(uvm, tmp_path):
     """torch_uvm's own work is in torch.profiler's trace, named by submodule,
     with its bytes; the copies it queued run on its streams, not the
