@@ -215,19 +215,7 @@ std::vector<EvictionStep> ResidencyBudget::admit(DeviceIndex device, std::uintpt
                         bytes, " bytes to cuda:", device, " would exceed the ", whose, " of ",
                         *budget, " bytes even after evicting every range not in use (",
                         s.stats.resident_bytes - evictable, " bytes are in use)");
-    for (auto it = s.lru.begin();
-         it != s.lru.end() && s.stats.resident_bytes + s.stats.leaving_bytes + bytes > *budget;) {
-      if (it->busy) {
-        ++it;
-        continue;
-      }
-      const Eviction how = it->written ? Eviction::kWriteHome : Eviction::kDrop;
-      steps.push_back({it->address, it->bytes, how});
-      count_eviction(s, *it, how);
-      auto next = std::next(it);
-      erase(it, left_by(how));
-      it = next;
-    }
+    evict_for(s, bytes, *budget, steps);
   }
   where_[address] = s.lru.insert(s.lru.end(), Range{device, share, address, bytes, written, false});
   PerDevice& d = per_device(device);
@@ -237,6 +225,32 @@ std::vector<EvictionStep> ResidencyBudget::admit(DeviceIndex device, std::uintpt
     note_peak(*st);
   }
   note(*where_[address], arrives ? ResidencyEvent::kArrive : ResidencyEvent::kAdopt);
+  return steps;
+}
+
+void ResidencyBudget::evict_for(Share& s, std::size_t bytes, std::size_t budget,
+                                std::vector<EvictionStep>& steps) {
+  for (auto it = s.lru.begin();
+       it != s.lru.end() && s.stats.resident_bytes + s.stats.leaving_bytes + bytes > budget;) {
+    if (it->busy) {
+      ++it;
+      continue;
+    }
+    const Eviction how = it->written ? Eviction::kWriteHome : Eviction::kDrop;
+    steps.push_back({it->address, it->bytes, how});
+    count_eviction(s, *it, how);
+    auto next = std::next(it);
+    erase(it, left_by(how));
+    it = next;
+  }
+}
+
+std::vector<EvictionStep> ResidencyBudget::make_room(DeviceIndex device, ShareId share,
+                                                     std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Share& s = share_of(device, share);
+  std::vector<EvictionStep> steps;
+  if (const auto budget = budget_of(s)) evict_for(s, bytes, *budget, steps);
   return steps;
 }
 
@@ -261,11 +275,11 @@ void ResidencyBudget::left(DeviceIndex device, ShareId share, std::size_t bytes)
   for (ResidencyStats* st : {&s.stats, &per_device(device).stats}) st->leaving_bytes -= bytes;
 }
 
-std::size_t ResidencyBudget::excess(DeviceIndex device, ShareId share) const {
+std::size_t ResidencyBudget::excess(DeviceIndex device, ShareId share, std::size_t extra) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const Share& s = const_cast<ResidencyBudget*>(this)->share_of(device, share);
   const auto budget = budget_of(s);
-  const std::size_t held = s.stats.resident_bytes + s.stats.leaving_bytes;
+  const std::size_t held = s.stats.resident_bytes + s.stats.leaving_bytes + extra;
   return budget && held > *budget ? held - *budget : 0;
 }
 

@@ -3,6 +3,8 @@
 // it completes).
 #pragma once
 
+#include <vector>
+
 #include "core/runtime.h"
 
 namespace torch_uvm {
@@ -25,10 +27,18 @@ class RuntimeEvent {
     if (event_ == nullptr) event_ = rt_->create_event(stream.device);
     rt_->record_event(event_, stream);
     recorded_ = true;
+    blocked_.clear();
   }
-  // `stream`'s later work waits for it (nothing if never recorded).
+  // `stream`'s later work waits for it (nothing if never recorded, nor if
+  // `stream` waits for this record already: a slot's bring and each tensor
+  // of a unit wait on one event).
   void block(StreamRef stream) const {
-    if (recorded_) rt_->stream_wait_event(stream, event_);
+    if (!recorded_) return;
+    for (const StreamRef& s : blocked_) {
+      if (s == stream) return;
+    }
+    rt_->stream_wait_event(stream, event_);
+    blocked_.push_back(stream);
   }
   // Whether the work it marks is done (never recorded: done).
   bool done() const { return !recorded_ || rt_->query_event(event_); }
@@ -41,6 +51,7 @@ class RuntimeEvent {
   Runtime* rt_;
   EventHandle event_ = nullptr;
   bool recorded_ = false;
+  mutable std::vector<StreamRef> blocked_;  // since the last record
 };
 
 }  // namespace torch_uvm
