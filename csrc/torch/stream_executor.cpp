@@ -157,9 +157,9 @@ void StreamExecutor::reap_homes() {
 // budget counts such bytes as leaving until then: while they hold the share
 // over its budget, the host waits for the oldest copy. The GPU then holds
 // no more than the budget, in memory as in the books.
-void StreamExecutor::make_room() {
+void StreamExecutor::make_room(std::size_t extra) {
   reap_homes();
-  while (!homes_pending_.empty() && budget_.excess(device_.index(), share_) > 0) {
+  while (!homes_pending_.empty() && budget_.excess(device_.index(), share_, extra) > 0) {
     TraceScope scope("wait_for_home", "", homes_pending_.front().second);
     homes_pending_.front().first->wait();
     pass_home();
@@ -167,22 +167,13 @@ void StreamExecutor::make_room() {
 }
 
 // Memory the GPU is about to make for the share (a unit's gradients, an
-// optimizer's first states) is not drawn by a bring: room is booked for it,
-// as a range of its own that nothing evicts, just before the work that
-// makes it, and let go when that memory is adopted. The books then never
-// pass the budget, whatever the order in which autograd runs the units'
-// backwards and their gradients' hooks.
-void StreamExecutor::room_for(std::uintptr_t room, std::size_t bytes, const std::string& name) {
+// optimizer's first states) is not drawn by a bring: room is made for it
+// just before the work that makes it, so the books never pass the budget
+// when it is adopted.
+void StreamExecutor::room_for(std::size_t bytes) {
   if (bytes == 0) return;
-  budget_.label(room, name + " (room)");
-  carry_out(budget_.admit(device_.index(), room, bytes, false, share_, /*arrives=*/false));
-  budget_.set_busy(room, true);
-  make_room();
-}
-
-void StreamExecutor::let_go_of_room(std::uintptr_t room) {
-  budget_.forget(room);
-  budget_.unlabel(room);
+  carry_out(budget_.make_room(device_.index(), share_, bytes));
+  make_room(bytes);
 }
 
 bool StreamExecutor::leave(int id, bool written) {
@@ -304,7 +295,7 @@ void StreamExecutor::before(int unit, bool backward) {
   u.held = true;
   wait_ready(u.tensors);
   if (planned_) stage_next(unit, backward);
-  if (backward) room_for(grads_room(u), new_grad_bytes(u), u.name + ".grad");
+  if (backward) room_for(new_grad_bytes(u));
 }
 
 std::size_t StreamExecutor::new_grad_bytes(const Unit& u) const {
@@ -359,7 +350,6 @@ void StreamExecutor::adopt(int id) {
 
 void StreamExecutor::grads_ready(int unit, bool send_home) {
   Unit& u = units_.at(unit);
-  let_go_of_room(grads_room(u));
   std::vector<int> fresh;
   for (std::size_t k = 0; k < u.trainable.size(); ++k) {
     at::Tensor g = u.trainable[k].grad();
@@ -428,7 +418,7 @@ void StreamExecutor::bring(const std::vector<at::Tensor>& tensors, std::size_t n
   bring_entries(ids, bring_stream_);
   wait_ready(ids);
   step_held_.insert(step_held_.end(), ids.begin(), ids.end());
-  room_for(states_room(), new_bytes, ids.empty() ? kNone : entries_[ids.front()].name + ".state");
+  room_for(new_bytes);
 }
 
 void StreamExecutor::step_done(const std::vector<at::Tensor>& tensors,
@@ -457,7 +447,6 @@ void StreamExecutor::step_done(const std::vector<at::Tensor>& tensors,
     const int id = entry_for(t);
     if (id >= 0) budget_.mark_written(key(id));
   }
-  let_go_of_room(states_room());
   std::vector<int> held;
   held.swap(step_held_);
   for (int id : held) release(id);
@@ -466,7 +455,6 @@ void StreamExecutor::step_done(const std::vector<at::Tensor>& tensors,
 
 void StreamExecutor::end_pass() {
   for (Unit& u : units_) {
-    let_go_of_room(grads_room(u));  // gradients that never came
     if (u.running) after(static_cast<int>(&u - units_.data()));
     if (u.staged && u.staged_backward) {
       u.staged = false;

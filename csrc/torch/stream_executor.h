@@ -174,15 +174,10 @@ class StreamExecutor {
   void note_homes(std::size_t bytes);
   void pass_home();   // the oldest copy home passed
   void reap_homes();  // those that passed
-  void make_room();   // before drawing a slot: waits while they hold the share over its budget
-  // Room booked in the budget under the key `room` for `bytes` that work
-  // about to run makes on the GPU, until let go (when they are adopted).
-  void room_for(std::uintptr_t room, std::size_t bytes, const std::string& name);
-  void let_go_of_room(std::uintptr_t room);
-  std::uintptr_t grads_room(const Unit& u) const {
-    return reinterpret_cast<std::uintptr_t>(&u.grads);
-  }
-  std::uintptr_t states_room() const { return reinterpret_cast<std::uintptr_t>(&step_held_); }
+  // before drawing a slot: waits while they hold the share over its
+  // budget, with `extra` bytes more
+  void make_room(std::size_t extra = 0);
+  void room_for(std::size_t bytes);  // before work that makes `bytes` on the GPU
   RuntimeEvent compute_done_;   // the compute stream's work before a batch of evictions
   RuntimeEvent homes_written_;  // the last copy home
   RuntimeEvent step_inputs_;    // the compute stream's work when optimizer.step() began
