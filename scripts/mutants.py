@@ -94,7 +94,7 @@ MUTANTS = [
      [OFFLOAD + "test_streaming_holds_no_more_gpu_memory_than_its_budget_while_the_host_runs_ahead"]),
     ("a bring draws a slot while copies home hold the share over its budget",
      "csrc/torch/stream_executor.cpp",
-     "  while (!homes_pending_.empty() && budget_.excess(device_.index(), share_) > 0) {",
+     "  while (!homes_pending_.empty() && budget_.excess(device_.index(), share_, extra) > 0) {",
      "  while (false) {",
      [OFFLOAD + "test_training_holds_no_more_gpu_memory_than_its_budget_while_copies_go_home"]),
     ("the window is sized by the largest unit", "csrc/torch/stream_executor.cpp",
