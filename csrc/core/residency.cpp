@@ -204,7 +204,8 @@ std::vector<EvictionStep> ResidencyBudget::admit(DeviceIndex device, std::uintpt
     erase(it->second, ResidencyEvent::kForget);  // elsewhere, or another size: admitted anew
   }
   std::vector<EvictionStep> steps;
-  if (const auto budget = budget_of(s)) {
+  const auto budget = budget_of(s);
+  if (budget) {
     const char* whose = share == kDeviceShare ? "residency limit's room for batches"
                                               : "residency budget";
     TORCH_UVM_CHECK_ARG(bytes <= *budget, "a range of ", bytes, " bytes cannot fit the ", whose,
@@ -219,10 +220,17 @@ std::vector<EvictionStep> ResidencyBudget::admit(DeviceIndex device, std::uintpt
   }
   where_[address] = s.lru.insert(s.lru.end(), Range{device, share, address, bytes, written, false});
   PerDevice& d = per_device(device);
+  // A range that arrives is drawn only once the copies home under way leave
+  // it room (the caller waits while excess() says so): what it waits for is
+  // not held beside it. Memory made on the GPU (adopted) is there already.
+  std::size_t waits = 0;
+  const std::size_t held = s.stats.resident_bytes + bytes + s.stats.leaving_bytes;
+  if (arrives && budget && held > *budget) waits = std::min(s.stats.leaving_bytes, held - *budget);
   for (ResidencyStats* st : {&s.stats, &d.stats}) {
     st->resident_bytes += bytes;
     if (arrives) st->prefetched_bytes += bytes;
-    note_peak(*st);
+    st->peak_resident_bytes =
+        std::max(st->peak_resident_bytes, st->resident_bytes + st->leaving_bytes - waits);
   }
   note(*where_[address], arrives ? ResidencyEvent::kArrive : ResidencyEvent::kAdopt);
   return steps;
@@ -254,17 +262,11 @@ std::vector<EvictionStep> ResidencyBudget::make_room(DeviceIndex device, ShareId
   return steps;
 }
 
-void ResidencyBudget::note_peak(ResidencyStats& s) {
-  s.peak_resident_bytes = std::max(s.peak_resident_bytes, s.resident_bytes + s.leaving_bytes);
-}
-
 void ResidencyBudget::leaving(DeviceIndex device, ShareId share, std::size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   Share& s = share_of(device, share);
-  for (ResidencyStats* st : {&s.stats, &per_device(device).stats}) {
-    st->leaving_bytes += bytes;
-    note_peak(*st);
-  }
+  // (the peak is unchanged: these bytes were resident until now)
+  for (ResidencyStats* st : {&s.stats, &per_device(device).stats}) st->leaving_bytes += bytes;
 }
 
 void ResidencyBudget::left(DeviceIndex device, ShareId share, std::size_t bytes) {

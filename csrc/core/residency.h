@@ -178,7 +178,6 @@ class ResidencyBudget {
   std::optional<std::size_t> budget_of(const Share& s) const;
   std::string holders(const PerDevice& d) const;
   void count_eviction(Share& s, const Range& r, Eviction how);
-  static void note_peak(ResidencyStats& s);
   // Evicts the share's least recently used ranges not busy until `bytes`
   // more fit beside its resident and leaving ones (or none is left).
   void evict_for(Share& s, std::size_t bytes, std::size_t budget,
