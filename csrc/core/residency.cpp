@@ -253,6 +253,15 @@ void ResidencyBudget::evict_for(Share& s, std::size_t bytes, std::size_t budget,
   }
 }
 
+std::vector<EvictionStep> ResidencyBudget::make_room(DeviceIndex device, ShareId share,
+                                                     std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Share& s = share_of(device, share);
+  std::vector<EvictionStep> steps;
+  if (const auto budget = budget_of(s)) evict_for(s, bytes, *budget, steps);
+  return steps;
+}
+
 void ResidencyBudget::leaving(DeviceIndex device, ShareId share, std::size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   Share& s = share_of(device, share);
@@ -268,11 +277,11 @@ void ResidencyBudget::left(DeviceIndex device, ShareId share, std::size_t bytes)
   for (ResidencyStats* st : {&s.stats, &per_device(device).stats}) st->leaving_bytes -= bytes;
 }
 
-std::size_t ResidencyBudget::excess(DeviceIndex device, ShareId share) const {
+std::size_t ResidencyBudget::excess(DeviceIndex device, ShareId share, std::size_t extra) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const Share& s = const_cast<ResidencyBudget*>(this)->share_of(device, share);
   const auto budget = budget_of(s);
-  const std::size_t held = s.stats.resident_bytes + s.stats.leaving_bytes;
+  const std::size_t held = s.stats.resident_bytes + s.stats.leaving_bytes + extra;
   return budget && held > *budget ? held - *budget : 0;
 }
 

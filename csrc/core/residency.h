@@ -105,11 +105,17 @@ class ResidencyBudget {
   // copy passed.
   void leaving(DeviceIndex device, ShareId share, std::size_t bytes);
   void left(DeviceIndex device, ShareId share, std::size_t bytes);
-  // How many bytes the share's resident and leaving ranges hold over its
-  // budget (0 within it, or without a budget). Before drawing GPU memory
-  // for a range just admitted, wait for copies home until it is 0: the GPU
-  // then never holds more than the budget, in the books and in memory.
-  std::size_t excess(DeviceIndex device, ShareId share) const;
+  // How many bytes the share's resident and leaving ranges, and `extra`
+  // more, hold over its budget (0 within it, or without a budget). Before
+  // drawing GPU memory for a range just admitted, wait for copies home until
+  // it is 0: the GPU then never holds more than the budget, in the books
+  // and in memory.
+  std::size_t excess(DeviceIndex device, ShareId share, std::size_t extra = 0) const;
+  // Room for `bytes` that work about to run will make on the GPU (a
+  // submodule's gradients in its backward, an optimizer's first states),
+  // admitted when they exist: the ranges of the share to evict first, as
+  // admit() would; then wait while excess(device, share, bytes) > 0.
+  std::vector<EvictionStep> make_room(DeviceIndex device, ShareId share, std::size_t bytes);
 
   // A range in use by work still running may not be evicted.
   void set_busy(std::uintptr_t address, bool busy);

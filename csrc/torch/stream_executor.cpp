@@ -157,13 +157,23 @@ void StreamExecutor::reap_homes() {
 // budget counts such bytes as leaving until then: while they hold the share
 // over its budget, the host waits for the oldest copy. The GPU then holds
 // no more than the budget, in memory as in the books.
-void StreamExecutor::make_room() {
+void StreamExecutor::make_room(std::size_t extra) {
   reap_homes();
-  while (!homes_pending_.empty() && budget_.excess(device_.index(), share_) > 0) {
+  while (!homes_pending_.empty() && budget_.excess(device_.index(), share_, extra) > 0) {
     TraceScope scope("wait_for_home", "", homes_pending_.front().second);
     homes_pending_.front().first->wait();
     pass_home();
   }
+}
+
+// Memory the GPU is about to make for the share (a unit's gradients, an
+// optimizer's first states) is not drawn by a bring: room is made for it
+// just before the work that makes it, so the books never pass the budget
+// when it is adopted.
+void StreamExecutor::room_for(std::size_t bytes) {
+  if (bytes == 0) return;
+  carry_out(budget_.make_room(device_.index(), share_, bytes));
+  make_room(bytes);
 }
 
 bool StreamExecutor::leave(int id, bool written) {
@@ -285,6 +295,15 @@ void StreamExecutor::before(int unit, bool backward) {
   u.held = true;
   wait_ready(u.tensors);
   if (planned_) stage_next(unit, backward);
+  if (backward) room_for(new_grad_bytes(u));
+}
+
+std::size_t StreamExecutor::new_grad_bytes(const Unit& u) const {
+  std::size_t sum = 0;
+  for (const at::Tensor& p : u.trainable) {
+    if (!p.grad().defined()) sum += p.storage().nbytes();
+  }
+  return sum;
 }
 
 void StreamExecutor::after(int unit) {
@@ -380,7 +399,7 @@ void StreamExecutor::discard_grads(int unit) {
 
 void StreamExecutor::step_begins() { step_inputs_.record(ref(compute())); }
 
-void StreamExecutor::bring(const std::vector<at::Tensor>& tensors) {
+void StreamExecutor::bring(const std::vector<at::Tensor>& tensors, std::size_t new_bytes) {
   std::vector<int> ids;
   for (const at::Tensor& t : tensors) {
     const int id = entry_for(t);
@@ -399,6 +418,7 @@ void StreamExecutor::bring(const std::vector<at::Tensor>& tensors) {
   bring_entries(ids, bring_stream_);
   wait_ready(ids);
   step_held_.insert(step_held_.end(), ids.begin(), ids.end());
+  room_for(new_bytes);
 }
 
 void StreamExecutor::step_done(const std::vector<at::Tensor>& tensors,

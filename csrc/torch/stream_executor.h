@@ -81,7 +81,9 @@ class StreamExecutor {
   // For an optimizer step: `tensors` (weights, gradients, states of the
   // known ones) on the GPU for the compute stream (the current one: the step
   // may run on a stream of its own), held until step_done.
-  void bring(const std::vector<at::Tensor>& tensors);
+  // `new_bytes`: what the step will make on the GPU (its first states):
+  // room is made for them.
+  void bring(const std::vector<at::Tensor>& tensors, std::size_t new_bytes = 0);
   // The step is queued: `written` were written by it; tensors it made
   // (new optimizer states, on the GPU) are adopted into the budget. All of
   // `tensors` but a resident unit's go home now (written ones by a copy).
@@ -143,6 +145,7 @@ class StreamExecutor {
   // caller recorded compute_done_). Returns whether it was written home.
   bool leave(int id, bool written);
   void stage_next(int unit, bool backward);
+  std::size_t new_grad_bytes(const Unit& u) const;  // its parameters without a gradient
   void adopt(int id);
 
   ResidencyBudget& budget_;
@@ -171,7 +174,10 @@ class StreamExecutor {
   void note_homes(std::size_t bytes);
   void pass_home();   // the oldest copy home passed
   void reap_homes();  // those that passed
-  void make_room();   // before drawing a slot: waits while they hold the share over its budget
+  // before drawing a slot: waits while they hold the share over its
+  // budget, with `extra` bytes more
+  void make_room(std::size_t extra = 0);
+  void room_for(std::size_t bytes);  // before work that makes `bytes` on the GPU
   RuntimeEvent compute_done_;   // the compute stream's work before a batch of evictions
   RuntimeEvent homes_written_;  // the last copy home
   RuntimeEvent step_inputs_;    // the compute stream's work when optimizer.step() began

@@ -140,6 +140,29 @@ TEST(Residency, CopiesHomeUnderWayCountUntilTheyPass) {
   EXPECT_EQ(b.stats(0).resident_bytes, 0u);
 }
 
+// Memory about to be made on the GPU (a backward's gradients) gets room
+// before it exists, around the copies home under way.
+TEST(Residency, RoomIsMadeForMemoryAboutToBeMade) {
+  ResidencyBudget b;
+  const ShareId s = b.open_share(0, 4 * kMiB, "M", 64 * kMiB);
+  b.admit(0, 0x1000, kMiB, false, s);
+  b.admit(0, 0x2000, kMiB, false, s);
+  b.admit(0, 0x3000, kMiB, false, s);
+  b.set_busy(0x3000, true);
+  b.leaving(0, s, kMiB);
+  EXPECT_EQ(b.excess(0, s, 2 * kMiB), 2 * kMiB);
+  auto steps = b.make_room(0, s, 2 * kMiB);         // the two clean ones, oldest first
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0].address, 0x1000u);
+  EXPECT_EQ(steps[1].address, 0x2000u);
+  EXPECT_EQ(b.excess(0, s, 2 * kMiB), 0u);
+  EXPECT_EQ(b.share_stats(s).resident_bytes, kMiB);  // nothing admitted
+  EXPECT_TRUE(b.make_room(0, s, 3 * kMiB).empty());   // busy and leaving: wait for the copy
+  EXPECT_EQ(b.excess(0, s, 3 * kMiB), kMiB);
+  b.left(0, s, kMiB);
+  EXPECT_EQ(b.excess(0, s, 3 * kMiB), 0u);
+}
+
 TEST(Residency, EachShareIsItsOwnBudgetWhateverTheOrder) {
   ResidencyBudget b;
   const std::size_t cap = 64 * kMiB;
