@@ -36,6 +36,9 @@ from torch.utils._pytree import tree_leaves
 if TYPE_CHECKING:
     from .offload import Offloaded, _Unit
 
+# Room made on the GPU for an optimizer's first states, in parameters' bytes.
+FIRST_STATES = 2
+
 
 class BackwardState:
     """What one offload knows of the backward under way."""
@@ -206,7 +209,11 @@ def _step_unit(handle: "Offloaded", optimizer, own, unit: "_Unit", with_grads: b
     grads = held if with_grads else []
     before = [t for p in params for t in state_tensors(optimizer, p)]
     executor = handle.executor
-    executor.bring(params + held + before)
+    # a first step makes its states on the GPU: room for Adam's two a
+    # parameter is made first (SGD's momentum takes one; an optimizer that
+    # makes more is counted when they exist, and the next bring waits)
+    fresh = sum(p.nbytes for p in params if not optimizer.state.get(p))
+    executor.bring(params + held + before, FIRST_STATES * fresh)
     saved = [g["params"] for g in groups]
     try:
         for g, all_params in zip(groups, saved):

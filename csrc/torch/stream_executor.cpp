@@ -166,10 +166,10 @@ void StreamExecutor::make_room(std::size_t extra) {
   }
 }
 
-// Memory the GPU is about to make for the share (a unit's gradients) is not
-// drawn by a bring: room is made for it just before the work that makes it,
-// so the books do not pass the budget when it is adopted. (An optimizer's
-// first states are admitted when they exist: they evict clean ranges then.)
+// Memory the GPU is about to make for the share (a unit's gradients, an
+// optimizer's first states) is not drawn by a bring: room is made for it
+// just before the work that makes it, so the books never pass the budget
+// when it is adopted.
 void StreamExecutor::room_for(std::size_t bytes) {
   if (bytes == 0) return;
   carry_out(budget_.make_room(device_.index(), share_, bytes));
@@ -399,7 +399,7 @@ void StreamExecutor::discard_grads(int unit) {
 
 void StreamExecutor::step_begins() { step_inputs_.record(ref(compute())); }
 
-void StreamExecutor::bring(const std::vector<at::Tensor>& tensors) {
+void StreamExecutor::bring(const std::vector<at::Tensor>& tensors, std::size_t new_bytes) {
   std::vector<int> ids;
   for (const at::Tensor& t : tensors) {
     const int id = entry_for(t);
@@ -418,6 +418,7 @@ void StreamExecutor::bring(const std::vector<at::Tensor>& tensors) {
   bring_entries(ids, bring_stream_);
   wait_ready(ids);
   step_held_.insert(step_held_.end(), ids.begin(), ids.end());
+  room_for(new_bytes);
 }
 
 void StreamExecutor::step_done(const std::vector<at::Tensor>& tensors,
