@@ -144,7 +144,7 @@ MUTANTS = [
      [OFFLOAD + "test_training_holds_no_more_gpu_memory_than_its_budget_while_copies_go_home"]),
     ("a first step makes its states without room", "csrc/torch/stream_executor.cpp",
      "  room_for(new_bytes);", "",
-     [OFFLOAD + "test_training_under_a_budget_gives_the_all_resident_losses"]),
+     [OFFLOAD + "test_training_holds_no_more_gpu_memory_than_its_budget_while_copies_go_home"]),
     ("copies home under way are not in the peak", "csrc/core/residency.cpp",
      "std::max(st->peak_resident_bytes, st->resident_bytes + st->leaving_bytes - waits);",
      "std::max(st->peak_resident_bytes, st->resident_bytes);",
