@@ -51,7 +51,7 @@ ResidentPlan plan_resident(const std::vector<std::vector<int>>& units,
     }
     const std::size_t need = (streamed > 0 ? window.per_streamed * streamed : 0) + step;
     if (resident + need > budget) continue;
-    if (best == kNone) best = k;  // later runs keep as many bytes or more: the longest that fits wins
+    best = k;  // later runs keep as many bytes or more: the longest that fits wins
     best_bytes = resident;
     best_window = need;
   }
