@@ -86,15 +86,21 @@ TEST(Residency, BadInputAndForgottenRanges) {
 }
 
 
+// A 4 MiB share holding three 1 MiB ranges, 0x1000 (oldest) to 0x3000.
+ShareId share_of_three(ResidencyBudget& b, bool first_written) {
+  const ShareId s = b.open_share(0, 4 * kMiB, "M", 64 * kMiB);
+  b.admit(0, 0x1000, kMiB, first_written, s);
+  b.admit(0, 0x2000, kMiB, false, s);
+  b.admit(0, 0x3000, kMiB, false, s);
+  return s;
+}
+
 // A written range evicted with its copy home under way still holds its GPU
 // memory: it counts until the copy passes, and room for a new range is made
 // around it (the slots' real memory, not only the books, stays within).
 TEST(Residency, CopiesHomeUnderWayCountUntilTheyPass) {
   ResidencyBudget b;
-  const ShareId s = b.open_share(0, 4 * kMiB, "M", 64 * kMiB);
-  b.admit(0, 0x1000, kMiB, true, s);
-  b.admit(0, 0x2000, kMiB, false, s);
-  b.admit(0, 0x3000, kMiB, false, s);
+  const ShareId s = share_of_three(b, /*first_written=*/true);
   ASSERT_EQ(b.evict(0x1000), Eviction::kWriteHome);
   b.leaving(0, s, kMiB);                              // its copy home is queued
   EXPECT_EQ(b.share_stats(s).resident_bytes, 2 * kMiB);
@@ -144,10 +150,7 @@ TEST(Residency, CopiesHomeUnderWayCountUntilTheyPass) {
 // before it exists, around the copies home under way.
 TEST(Residency, RoomIsMadeForMemoryAboutToBeMade) {
   ResidencyBudget b;
-  const ShareId s = b.open_share(0, 4 * kMiB, "M", 64 * kMiB);
-  b.admit(0, 0x1000, kMiB, false, s);
-  b.admit(0, 0x2000, kMiB, false, s);
-  b.admit(0, 0x3000, kMiB, false, s);
+  const ShareId s = share_of_three(b, /*first_written=*/false);
   b.set_busy(0x3000, true);
   b.leaving(0, s, kMiB);
   EXPECT_EQ(b.excess(0, s, 2 * kMiB), 2 * kMiB);
