@@ -39,6 +39,12 @@ if TYPE_CHECKING:
 # Room made on the GPU for an optimizer's first states, in parameters' bytes.
 FIRST_STATES = 2
 
+# Per optimizer, the parameters it stepped at least once: a parameter that
+# has no state after its first step (SGD without momentum) gets no room for
+# first states again.
+# (ids: the optimizer holds its parameters while it is a key here)
+_STEPPED: "weakref.WeakKeyDictionary[torch.optim.Optimizer, set]" = weakref.WeakKeyDictionary()
+
 
 class BackwardState:
     """What one offload knows of the backward under way."""
@@ -212,13 +218,15 @@ def _step_unit(handle: "Offloaded", optimizer, own, unit: "_Unit", with_grads: b
     # a first step makes its states on the GPU: room for Adam's two a
     # parameter is made first (SGD's momentum takes one; an optimizer that
     # makes more is counted when they exist, and the next bring waits)
-    fresh = sum(p.nbytes for p in params if not optimizer.state.get(p))
+    stepped = _STEPPED.setdefault(optimizer, set())
+    fresh = sum(p.nbytes for p in params if id(p) not in stepped and not optimizer.state.get(p))
     executor.bring(params + held + before, FIRST_STATES * fresh)
     saved = [g["params"] for g in groups]
     try:
         for g, all_params in zip(groups, saved):
             g["params"] = [p for p in all_params if id(p) in ids]
         own()
+        stepped.update(id(p) for p in params)
     finally:
         for g, all_params in zip(groups, saved):
             g["params"] = all_params

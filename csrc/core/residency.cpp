@@ -29,11 +29,20 @@ ResidencyBudget::Share& ResidencyBudget::device_share(DeviceIndex device) {
 
 ResidencyBudget::Share& ResidencyBudget::share_of(DeviceIndex device, ShareId id) {
   if (id == kDeviceShare) return device_share(device);
+  return const_cast<Share&>(open_share_of(device, id));
+}
+
+const ResidencyBudget::Share& ResidencyBudget::open_share_of(DeviceIndex device,
+                                                             ShareId id) const {
   auto it = shares_.find(id);
   TORCH_UVM_CHECK_ARG(it != shares_.end(), "residency share ", id, " is not open");
   TORCH_UVM_CHECK_ARG(it->second.device == device, "residency share ", id, " is on cuda:",
                       it->second.device, ", not cuda:", device);
   return it->second;
+}
+
+std::size_t ResidencyBudget::held(const Share& s) {
+  return s.stats.resident_bytes + s.stats.leaving_bytes;
 }
 
 std::size_t ResidencyBudget::shares_sum(const PerDevice& d) const {
@@ -223,14 +232,20 @@ std::vector<EvictionStep> ResidencyBudget::admit(DeviceIndex device, std::uintpt
   // A range that arrives is drawn only once the copies home under way leave
   // it room (the caller waits while excess() says so): what it waits for is
   // not held beside it. Memory made on the GPU (adopted) is there already.
-  std::size_t waits = 0;
-  const std::size_t held = s.stats.resident_bytes + bytes + s.stats.leaving_bytes;
-  if (arrives && budget && held > *budget) waits = std::min(s.stats.leaving_bytes, held - *budget);
+  // Memory made on the GPU is held beside the written ranges it evicts
+  // until their copies home pass (the caller reports them leaving next).
+  std::size_t waits = 0, beside = 0;
+  if (arrives) {
+    const std::size_t over = held(s) + bytes;
+    if (budget && over > *budget) waits = std::min(s.stats.leaving_bytes, over - *budget);
+  } else {
+    for (const EvictionStep& e : steps) beside += e.how == Eviction::kWriteHome ? e.bytes : 0;
+  }
   for (ResidencyStats* st : {&s.stats, &d.stats}) {
     st->resident_bytes += bytes;
     if (arrives) st->prefetched_bytes += bytes;
-    st->peak_resident_bytes =
-        std::max(st->peak_resident_bytes, st->resident_bytes + st->leaving_bytes - waits);
+    st->peak_resident_bytes = std::max(
+        st->peak_resident_bytes, st->resident_bytes + st->leaving_bytes + beside - waits);
   }
   note(*where_[address], arrives ? ResidencyEvent::kArrive : ResidencyEvent::kAdopt);
   return steps;
@@ -239,7 +254,7 @@ std::vector<EvictionStep> ResidencyBudget::admit(DeviceIndex device, std::uintpt
 void ResidencyBudget::evict_for(Share& s, std::size_t bytes, std::size_t budget,
                                 std::vector<EvictionStep>& steps) {
   for (auto it = s.lru.begin();
-       it != s.lru.end() && s.stats.resident_bytes + s.stats.leaving_bytes + bytes > budget;) {
+       it != s.lru.end() && held(s) + bytes > budget;) {
     if (it->busy) {
       ++it;
       continue;
@@ -279,10 +294,20 @@ void ResidencyBudget::left(DeviceIndex device, ShareId share, std::size_t bytes)
 
 std::size_t ResidencyBudget::excess(DeviceIndex device, ShareId share, std::size_t extra) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  const Share& s = const_cast<ResidencyBudget*>(this)->share_of(device, share);
+  if (share == kDeviceShare) {
+    auto it = device_shares_.find(device);
+    if (it == device_shares_.end()) return 0;  // nothing resident, nothing leaving
+    return excess_of(it->second, extra);
+  }
+  return excess_of(open_share_of(device, share), extra);
+}
+
+std::size_t ResidencyBudget::excess_of(const Share& s, std::size_t extra) const {
   const auto budget = budget_of(s);
-  const std::size_t held = s.stats.resident_bytes + s.stats.leaving_bytes + extra;
-  return budget && held > *budget ? held - *budget : 0;
+  const std::size_t over = held(s) + extra;
+  if (!budget || over <= *budget) return 0;
+  // ranges in use hold it over whatever passes: waiting would not help
+  return over - *budget <= s.stats.leaving_bytes ? over - *budget : 0;
 }
 
 void ResidencyBudget::set_busy(std::uintptr_t address, bool busy) {

@@ -93,7 +93,9 @@ class ResidencyBudget {
   // fit even after evicting every range of the share that is not busy and
   // the copies home under way passed (leaving).
   // `arrives`: its bytes cross to the GPU (counted in prefetched_bytes);
-  // false for memory made on the GPU (a new gradient) that is only counted.
+  // false for memory made on the GPU (a new gradient) that is only counted:
+  // the peak then counts it beside the written ranges it evicts, whose
+  // memory is held until their copies home pass.
   std::vector<EvictionStep> admit(DeviceIndex device, std::uintptr_t address, std::size_t bytes,
                                   bool written, ShareId share = kDeviceShare,
                                   bool arrives = true);
@@ -106,10 +108,12 @@ class ResidencyBudget {
   void leaving(DeviceIndex device, ShareId share, std::size_t bytes);
   void left(DeviceIndex device, ShareId share, std::size_t bytes);
   // How many bytes the share's resident and leaving ranges, and `extra`
-  // more, hold over its budget (0 within it, or without a budget). Before
-  // drawing GPU memory for a range just admitted, wait for copies home until
-  // it is 0: the GPU then never holds more than the budget, in the books
-  // and in memory.
+  // more, hold over its budget: the bytes of copies home that must pass
+  // before they fit. 0 within the budget (or without one), and 0 when even
+  // every copy home passing would leave it over (ranges in use hold it
+  // there: waiting would not help). Before drawing GPU memory for a range
+  // just admitted, wait for copies home until it is 0: the GPU then never
+  // holds more than the budget, in the books and in memory.
   std::size_t excess(DeviceIndex device, ShareId share, std::size_t extra = 0) const;
   // Room for `bytes` that work about to run will make on the GPU (a
   // submodule's gradients in its backward, an optimizer's first states),
@@ -174,6 +178,10 @@ class ResidencyBudget {
   PerDevice& per_device(DeviceIndex device);
   Share& device_share(DeviceIndex device);
   Share& share_of(DeviceIndex device, ShareId id);
+  const Share& open_share_of(DeviceIndex device, ShareId id) const;  // not kDeviceShare
+  // What the share holds on the GPU: resident and leaving bytes.
+  static std::size_t held(const Share& s);
+  std::size_t excess_of(const Share& s, std::size_t extra) const;
   std::size_t shares_sum(const PerDevice& d) const;
   std::optional<std::size_t> budget_of(const Share& s) const;
   std::string holders(const PerDevice& d) const;

@@ -172,6 +172,7 @@ void StreamExecutor::make_room(std::size_t extra) {
 // when it is adopted.
 void StreamExecutor::room_for(std::size_t bytes) {
   if (bytes == 0) return;
+  reap_homes();
   carry_out(budget_.make_room(device_.index(), share_, bytes));
   make_room(bytes);
 }
@@ -196,6 +197,7 @@ void StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAS
     }
   }
   std::vector<int> held;
+  reap_homes();  // copies home that passed leave room: nothing evicted for them
   try {
     for (int id : ids) {
       StreamedTensor& t = *entries_[id].tensor;
@@ -344,6 +346,7 @@ void StreamExecutor::stage_next(int unit, bool backward) {
 
 void StreamExecutor::adopt(int id) {
   StreamedTensor& t = *entries_[id].tensor;
+  reap_homes();
   t.adopt();
   carry_out(budget_.admit(device_.index(), key(id), t.nbytes(), true, share_, false));
 }
@@ -361,6 +364,7 @@ void StreamExecutor::grads_ready(int unit, bool send_home) {
     int& gid = u.grads[k];
     if (gid < 0) {
       gid = add_entry(g, StreamedTensor::Memory::kSlot, u.name + ".grad");
+      reap_homes();
       carry_out(budget_.admit(device_.index(), key(gid), g.nbytes(), true, share_, false));
     } else {
       Entry& e = entries_[gid];
@@ -417,8 +421,13 @@ void StreamExecutor::bring(const std::vector<at::Tensor>& tensors, std::size_t n
   step_inputs_.block(ref(bring_stream_));  // (a step in backward: long done)
   bring_entries(ids, bring_stream_);
   wait_ready(ids);
+  try {
+    room_for(new_bytes);  // after the bring: its admits must not take the room
+  } catch (...) {
+    for (int id : ids) release(id);
+    throw;
+  }
   step_held_.insert(step_held_.end(), ids.begin(), ids.end());
-  room_for(new_bytes);
 }
 
 void StreamExecutor::step_done(const std::vector<at::Tensor>& tensors,
@@ -439,6 +448,7 @@ void StreamExecutor::step_done(const std::vector<at::Tensor>& tensors,
         continue;
       }
       id = add_entry(t, StreamedTensor::Memory::kSlot, owner + ".state");
+      reap_homes();
       carry_out(budget_.admit(device_.index(), key(id), t.nbytes(), true, share_, false));
     }
     ids.push_back(id);

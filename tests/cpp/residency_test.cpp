@@ -153,7 +153,7 @@ TEST(Residency, RoomIsMadeForMemoryAboutToBeMade) {
   const ShareId s = share_of_three(b, /*first_written=*/false);
   b.set_busy(0x3000, true);
   b.leaving(0, s, kMiB);
-  EXPECT_EQ(b.excess(0, s, 2 * kMiB), 2 * kMiB);
+  EXPECT_EQ(b.excess(0, s, 2 * kMiB), 0u);           // over by 2: waiting for 1 would not do
   auto steps = b.make_room(0, s, 2 * kMiB);         // the two clean ones, oldest first
   ASSERT_EQ(steps.size(), 2u);
   EXPECT_EQ(steps[0].address, 0x1000u);
@@ -164,6 +164,47 @@ TEST(Residency, RoomIsMadeForMemoryAboutToBeMade) {
   EXPECT_EQ(b.excess(0, s, 3 * kMiB), kMiB);
   b.left(0, s, kMiB);
   EXPECT_EQ(b.excess(0, s, 3 * kMiB), 0u);
+}
+
+// Memory made on the GPU (adopted) that evicts a written range is held
+// beside it until its copy home passes: the peak counts both. An arrival
+// that evicts it is drawn only after the copy (the caller waits): not both.
+TEST(Residency, MemoryMadeOnTheGpuIsHeldBesideTheWrittenRangesItEvicts) {
+  ResidencyBudget b;
+  const ShareId s = share_of_three(b, /*first_written=*/true);
+  auto steps = b.admit(0, 0x4000, 2 * kMiB, true, s, /*arrives=*/false);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].how, Eviction::kWriteHome);
+  EXPECT_EQ(b.share_stats(s).peak_resident_bytes, 5 * kMiB);
+  EXPECT_EQ(b.stats(0).peak_resident_bytes, 5 * kMiB);
+  b.leaving(0, s, kMiB);                              // as the caller reports it
+  EXPECT_EQ(b.share_stats(s).peak_resident_bytes, 5 * kMiB);
+  b.left(0, s, kMiB);
+  b.reset_peak(0);
+  b.mark_written(0x2000);
+  steps = b.admit(0, 0x5000, kMiB, false, s);         // arrives: waits for the copy
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].address, 0x2000u);
+  EXPECT_EQ(b.share_stats(s).peak_resident_bytes, 4 * kMiB);
+}
+
+// Waiting for copies home helps only when they are what holds the share
+// over its budget: ranges in use that hold it over say 0 (no wait).
+TEST(Residency, ExcessIsWhatCopiesHomePassingCanFree) {
+  ResidencyBudget b;
+  const ShareId s = share_of_three(b, /*first_written=*/false);
+  for (std::uintptr_t a : {0x1000, 0x2000, 0x3000}) b.set_busy(a, true);
+  b.admit(0, 0x4000, kMiB, true, s);
+  b.set_busy(0x4000, true);
+  b.mark_written(0x4000);
+  b.set_busy(0x4000, false);
+  ASSERT_EQ(b.evict(0x4000), Eviction::kWriteHome);
+  b.leaving(0, s, kMiB);
+  EXPECT_EQ(b.excess(0, s, kMiB), kMiB);              // 3 busy + 1 leaving + 1: wait for it
+  EXPECT_EQ(b.excess(0, s, 2 * kMiB), 0u);            // over by 2, 1 can pass: no use waiting
+  EXPECT_EQ(b.excess(0, kDeviceShare), 0u);           // the device share, never used
+  b.left(0, s, kMiB);
+  EXPECT_EQ(b.excess(0, s, kMiB), 0u);
 }
 
 TEST(Residency, EachShareIsItsOwnBudgetWhateverTheOrder) {
