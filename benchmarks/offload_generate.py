@@ -93,7 +93,9 @@ def run_generate(variant):
         s = handle.residency_stats()
         peak = s["resident_bytes.peak"]
         # the slots' device memory, measured apart from the budget's books
-        extra["slot_bytes_peak"] = torch_uvm.memory_stats()["slots.cuda:0.reserved_bytes.peak"]
+        stats = torch_uvm.memory_stats()
+        extra["slot_bytes_peak"] = stats["slots.cuda:0.reserved_bytes.peak"]
+        extra["slot_allocated_bytes_peak"] = stats["slots.cuda:0.allocated_bytes.peak"]
         resident = handle.resident_units()
         # the weights not resident cross the link once per token
         streamed = weights - sum(u.nbytes for u in resident)

@@ -226,7 +226,9 @@ def run(scenario, variant):
                  "evictions": {k: after[k] - before[k] for k in after if k.startswith("evict")}})
     extra["max_memory_allocated"] = torch.cuda.max_memory_allocated()
     if handle is not None:   # the slots' device memory, measured apart from the budget's books
-        extra["slot_bytes_peak"] = torch_uvm.memory_stats()["slots.cuda:0.reserved_bytes.peak"]
+        stats = torch_uvm.memory_stats()
+        extra["slot_bytes_peak"] = stats["slots.cuda:0.reserved_bytes.peak"]
+        extra["slot_allocated_bytes_peak"] = stats["slots.cuda:0.allocated_bytes.peak"]
     if variant in ("fsdp2_cpu_offload", "deepspeed_zero_offload"):
         import torch.distributed as dist
         dist.destroy_process_group()

@@ -166,7 +166,12 @@ def memory_stats() -> Dict[str, int]:
     ``residency.cuda:N.*`` keys describe the memory streamed under GPU N's
     residency budget (see :func:`set_residency_limit`), and ``slots.cuda:N.*``
     the GPU memory that streamed tensors' slots hold there (allocated and
-    reserved, now and at the peak: the budget's books, measured)."""
+    reserved, now and at the peak: the budget's books, measured). An
+    offload that streams draws its slots from one range of its budget's
+    size (``arena_bytes``: all such ranges now); ``arena_misses`` counts
+    slots that found no room there and were drawn beside it, and
+    ``arena_waits`` the draws that waited for the GPU to pass a slot's
+    last use."""
     stats = dict(_C.memory_stats())
     from .residency import residency_stats
     for d in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):

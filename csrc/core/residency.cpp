@@ -259,13 +259,18 @@ void ResidencyBudget::evict_for(Share& s, std::size_t bytes, std::size_t budget,
       ++it;
       continue;
     }
-    const Eviction how = it->written ? Eviction::kWriteHome : Eviction::kDrop;
-    steps.push_back({it->address, it->bytes, how});
-    count_eviction(s, *it, how);
     auto next = std::next(it);
-    erase(it, left_by(how));
+    steps.push_back(evict_range(it));
     it = next;
   }
+}
+
+EvictionStep ResidencyBudget::evict_range(Lru::iterator it) {
+  const Eviction how = it->written ? Eviction::kWriteHome : Eviction::kDrop;
+  const EvictionStep step{it->address, it->bytes, how};
+  count_eviction(share_of(it->device, it->share), *it, how);
+  erase(it, left_by(how));
+  return step;
 }
 
 std::vector<EvictionStep> ResidencyBudget::make_room(DeviceIndex device, ShareId share,
@@ -275,6 +280,16 @@ std::vector<EvictionStep> ResidencyBudget::make_room(DeviceIndex device, ShareId
   std::vector<EvictionStep> steps;
   if (const auto budget = budget_of(s)) evict_for(s, bytes, *budget, steps);
   return steps;
+}
+
+std::optional<EvictionStep> ResidencyBudget::evict_least_recent(DeviceIndex device,
+                                                                ShareId share) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Share& s = share_of(device, share);
+  for (auto it = s.lru.begin(); it != s.lru.end(); ++it) {
+    if (!it->busy) return evict_range(it);
+  }
+  return std::nullopt;
 }
 
 void ResidencyBudget::leaving(DeviceIndex device, ShareId share, std::size_t bytes) {
@@ -334,11 +349,7 @@ std::optional<Eviction> ResidencyBudget::evict(std::uintptr_t address) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = where_.find(address);
   if (it == where_.end()) return std::nullopt;
-  const Range& r = *it->second;
-  const Eviction how = r.written ? Eviction::kWriteHome : Eviction::kDrop;
-  count_eviction(share_of(r.device, r.share), r, how);
-  erase(it->second, left_by(how));
-  return how;
+  return evict_range(it->second).how;
 }
 
 void ResidencyBudget::discard(std::uintptr_t address) {

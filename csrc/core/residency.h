@@ -121,6 +121,11 @@ class ResidencyBudget {
   // admit() would; then wait while excess(device, share, bytes) > 0.
   std::vector<EvictionStep> make_room(DeviceIndex device, ShareId share, std::size_t bytes);
 
+  // The share's least recently used range not busy leaves, as an admit's
+  // eviction would send it: for room the books already have, but not in
+  // one piece (core/slot_arena.h). nullopt if none is left.
+  std::optional<EvictionStep> evict_least_recent(DeviceIndex device, ShareId share);
+
   // A range in use by work still running may not be evicted.
   void set_busy(std::uintptr_t address, bool busy);
   // Written since it arrived: it must go home when evicted.
@@ -186,6 +191,9 @@ class ResidencyBudget {
   std::optional<std::size_t> budget_of(const Share& s) const;
   std::string holders(const PerDevice& d) const;
   void count_eviction(Share& s, const Range& r, Eviction how);
+  // The range leaves, counted as an eviction by how it must (every eviction
+  // goes through here).
+  EvictionStep evict_range(Lru::iterator it);
   // Evicts the share's least recently used ranges not busy until `bytes`
   // more fit beside its resident and leaving ones (or none is left).
   void evict_for(Share& s, std::size_t bytes, std::size_t budget,

@@ -90,6 +90,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     d["allocated_bytes.peak"] = s.allocated_peak;
     d["reserved_bytes"] = s.reserved;
     d["reserved_bytes.peak"] = s.reserved_peak;
+    d["arena_bytes"] = s.arena_bytes;
+    d["arena_misses"] = s.arena_misses;
+    d["arena_waits"] = s.arena_waits;
     return d;
   });
   m.def("reset_slot_memory_peak",

@@ -4,9 +4,11 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 
+#include "core/slot_arena.h"
 #include "torch/state.h"
 #include "torch_uvm/torch_uvm.h"
 
@@ -41,11 +43,104 @@ void free_slot(void* ctx) {
   if (auto* a = allocator_if_created()) a->release_outside(bytes);
 }
 
+StreamRef ref(const c10::cuda::CUDAStream& s) {
+  return {s.device_index(), reinterpret_cast<std::uintptr_t>(s.stream())};
+}
+
+constexpr int kMaxDevices = 64;
+struct ArenaCounters {
+  std::atomic<std::size_t> bytes{0}, misses{0}, waits{0};
+};
+ArenaCounters g_arenas[kMaxDevices];
+ArenaCounters& counters(c10::DeviceIndex device) {
+  return g_arenas[std::clamp<int>(device, 0, kMaxDevices - 1)];
+}
+
 }  // namespace
+
+class SlotArenaMemory : public std::enable_shared_from_this<SlotArenaMemory> {
+ public:
+  SlotArenaMemory(std::size_t bytes, c10::cuda::CUDAStream stream)
+      : memory_(allocate_slot(bytes, stream)),
+        arena_(allocator().runtime(), memory_.mutable_data(), bytes, ref(stream)),
+        device_(stream.device_index()) {
+    counters(device_).bytes += bytes;
+  }
+  // Its last slot is gone: the memory goes back to PyTorch's allocator for
+  // the arena's stream once the other streams passed their frees.
+  ~SlotArenaMemory() {
+    arena_.drain();
+    counters(device_).bytes -= memory_.nbytes();
+  }
+  SlotArena& arena() { return arena_; }
+  c10::DeviceIndex device() const { return device_; }
+
+ private:
+  c10::Storage memory_;  // one slot of PyTorch's allocator
+  SlotArena arena_;
+  c10::DeviceIndex device_;
+};
+
+namespace {
+
+// Calls `f` on the arena, counting the waits it made for pending frees.
+template <typename F>
+auto counting_waits(SlotArenaMemory& arena, F f) {
+  const std::size_t before = arena.arena().stats().waits;
+  auto result = f(arena.arena());
+  counters(arena.device()).waits += arena.arena().stats().waits - before;
+  return result;
+}
+
+// A slot in an arena: the arena lives while any of its slots does.
+struct ArenaSlot {
+  std::shared_ptr<SlotArenaMemory> arena;
+  void* ptr;
+};
+
+void free_arena_slot(void* ctx) {
+  auto* slot = static_cast<ArenaSlot*>(ctx);
+  try {
+    slot->arena->arena().free(slot->ptr);
+  } catch (...) {  // (a deleter must not throw; the arena knows every slot it gave)
+  }
+  delete slot;
+}
+
+}  // namespace
+
+std::shared_ptr<SlotArenaMemory> make_slot_arena(std::size_t bytes,
+                                                 c10::cuda::CUDAStream stream) {
+  try {
+    return std::make_shared<SlotArenaMemory>(bytes, stream);
+  } catch (const c10::OutOfMemoryError& e) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "torch_uvm: an offload streams its slots through "
+                     "one range of GPU memory the size of its budget (", bytes, " bytes here), "
+                     "which does not fit on cuda:", static_cast<int>(stream.device_index()),
+                     " now: lower the offload's budget, or free GPU memory (",
+                     e.what_without_backtrace(), ")");
+  }
+}
+
+bool slot_arena_fits(SlotArenaMemory& arena, const std::vector<std::size_t>& bytes) {
+  return counting_waits(arena, [&](SlotArena& a) { return a.fits(bytes); });
+}
 
 void set_native_cuda_allocator(cca::CUDAAllocator* a) { g_native.store(a); }
 
-c10::Storage allocate_slot(std::size_t bytes, c10::cuda::CUDAStream stream) {
+c10::Storage allocate_slot(std::size_t bytes, c10::cuda::CUDAStream stream,
+                           SlotArenaMemory* arena) {
+  if (arena != nullptr && arena->arena().stream() == ref(stream)) {
+    void* data = counting_waits(*arena, [&](SlotArena& a) { return a.allocate(bytes); });
+    if (data == nullptr) ++counters(arena->device()).misses;
+    if (data != nullptr) {
+      auto* slot = new ArenaSlot{arena->shared_from_this(), data};
+      c10::DataPtr owned(data, slot, &free_arena_slot,
+                         c10::Device(c10::kCUDA, stream.device_index()));
+      return c10::Storage(c10::Storage::use_byte_size_t(), bytes, std::move(owned),
+                          /*allocator=*/nullptr, /*resizable=*/false);
+    }
+  }
   TORCH_CHECK_WITH(OutOfMemoryError, allocator().reserve_outside(bytes),
                    "torch_uvm: a streamed tensor's GPU slot of ", bytes, " bytes does not fit "
                    "under the managed memory cap (", allocator().cap(), " bytes) beside what "
@@ -70,6 +165,9 @@ void record_slot_stream(const c10::Storage& memory, c10::cuda::CUDAStream stream
   if (p.get() == nullptr) return;
   if (p.get_deleter() == &free_slot) {
     native()->recordStream(static_cast<Slot*>(p.get_context())->memory, stream);
+  } else if (p.get_deleter() == &free_arena_slot) {
+    auto* slot = static_cast<ArenaSlot*>(p.get_context());
+    slot->arena->arena().record_stream(slot->ptr, ref(stream));
   } else {
     cca::recordStream(p, stream);
   }
@@ -82,10 +180,12 @@ void release_cached_slots() {
 SlotMemoryStats slot_memory_stats(c10::DeviceIndex device) {
   const auto all = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
   const auto s = native()->getDeviceStats(device);
+  const ArenaCounters& a = counters(device);
   return {static_cast<std::size_t>(s.allocated_bytes[all].current),
           static_cast<std::size_t>(s.allocated_bytes[all].peak),
           static_cast<std::size_t>(s.reserved_bytes[all].current),
-          static_cast<std::size_t>(s.reserved_bytes[all].peak)};
+          static_cast<std::size_t>(s.reserved_bytes[all].peak),
+          a.bytes.load(), a.misses.load(), a.waits.load()};
 }
 
 void reset_slot_memory_peak(c10::DeviceIndex device) { native()->resetPeakStats(device); }

@@ -15,15 +15,29 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <cstddef>
+#include <memory>
+#include <vector>
 
 namespace torch_uvm {
+
+// One share's slots in one range of device memory (core/slot_arena.h),
+// itself drawn from PyTorch's own allocator as one slot.
+class SlotArenaMemory;
+// Throws c10::OutOfMemoryError as allocate_slot does.
+std::shared_ptr<SlotArenaMemory> make_slot_arena(std::size_t bytes, c10::cuda::CUDAStream stream);
+// Whether slots of `bytes`, drawn in order, would find room in it now
+// (core/slot_arena.h).
+bool slot_arena_fits(SlotArenaMemory& arena, const std::vector<std::size_t>& bytes);
 
 // install_cuda_slot saves PyTorch's own allocator here before replacing it.
 void set_native_cuda_allocator(c10::cuda::CUDACachingAllocator::CUDAAllocator* native);
 
-// `bytes` of device memory on `stream`'s device, for `stream`'s use first.
+// `bytes` of device memory on `stream`'s device, for `stream`'s use first:
+// from `arena` when given (and drawn for its stream), else, or when it has
+// no room (counted as its miss), from PyTorch's own allocator.
 // Throws c10::OutOfMemoryError if they do not fit under the cap or on the GPU.
-c10::Storage allocate_slot(std::size_t bytes, c10::cuda::CUDAStream stream);
+c10::Storage allocate_slot(std::size_t bytes, c10::cuda::CUDAStream stream,
+                           SlotArenaMemory* arena = nullptr);
 
 // The memory is not reused before `stream` passes this point (a slot's:
 // PyTorch's allocator; any other CUDA memory: the current allocator's).
@@ -39,6 +53,11 @@ void release_cached_slots();
 struct SlotMemoryStats {
   std::size_t allocated = 0, allocated_peak = 0;
   std::size_t reserved = 0, reserved_peak = 0;
+  // The shares' arenas (counted in the figures above as allocated): their
+  // bytes now, and all time, the slots that found no room in one (drawn
+  // from PyTorch's allocator beside it) and those that waited for a
+  // stream to pass a free.
+  std::size_t arena_bytes = 0, arena_misses = 0, arena_waits = 0;
 };
 SlotMemoryStats slot_memory_stats(c10::DeviceIndex device);
 void reset_slot_memory_peak(c10::DeviceIndex device);

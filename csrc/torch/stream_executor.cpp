@@ -177,6 +177,19 @@ void StreamExecutor::room_for(std::size_t bytes) {
   make_room(bytes);
 }
 
+// The books have room for slots of `bytes`; the arena may not, in one
+// piece each: the least recently used ranges leave until it does. False
+// when none is left (the slots would be drawn beside the arena).
+bool StreamExecutor::make_arena_room(const std::vector<std::size_t>& bytes) {
+  while (arena_ && !slot_arena_fits(*arena_, bytes)) {
+    const auto step = budget_.evict_least_recent(device_.index(), share_);
+    if (!step) return false;
+    TraceScope scope("arena_room", "", step->bytes);
+    carry_out({*step});
+  }
+  return true;
+}
+
 bool StreamExecutor::leave(int id, bool written) {
   StreamedTensor& t = *entries_[id].tensor;
   written = written || t.changed() || !t.has_home();
@@ -184,9 +197,8 @@ bool StreamExecutor::leave(int id, bool written) {
   return t.leave(written, compute_done_, compute(), home_stream_);
 }
 
-void StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAStream stream) {
-  auto ready = std::make_shared<RuntimeEvent>(allocator().runtime());
-  bool brought = false;
+bool StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAStream stream,
+                                   bool optional) {
   // A home written in place on the compute stream (DDP's averaged gradient)
   // is copied after that write.
   for (int id : ids) {
@@ -196,32 +208,43 @@ void StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAS
       break;
     }
   }
-  std::vector<int> held;
+  if (!arena_) arena_ = make_slot_arena(arena_bytes(budget_.share_stats(share_).limit),
+                                        bring_stream_);
   reap_homes();  // copies home that passed leave room: nothing evicted for them
+  std::vector<int> held, coming;
+  std::size_t brought = 0;
   try {
     for (int id : ids) {
-      StreamedTensor& t = *entries_[id].tensor;
       // admitted (touched, if resident), then held: a later one of `ids`
       // cannot evict it
-      carry_out(budget_.admit(device_.index(), key(id), t.nbytes(), false, share_));
+      carry_out(budget_.admit(device_.index(), key(id), entries_[id].tensor->nbytes(), false,
+                              share_));
       hold(id);
       held.push_back(id);
-      if (t.in_slot()) continue;
-      make_room();
-      try {
-        t.bring(stream);
-      } catch (...) {
-        budget_.forget(key(id));
-        throw;
-      }
-      t.ready = ready;
-      brought = true;
+      if (!entries_[id].tensor->in_slot()) coming.push_back(id);
     }
+    if (coming.empty()) return true;
+    make_room();
+    std::vector<std::size_t> sizes;
+    for (int id : coming) sizes.push_back(entries_[id].tensor->nbytes());
+    if (!make_arena_room(sizes) && optional) {  // not now: no room in one piece
+      for (int id : coming) budget_.forget(key(id));
+      for (int id : held) release(id);
+      return false;
+    }
+    auto ready = std::make_shared<RuntimeEvent>(allocator().runtime());
+    for (; brought < coming.size(); ++brought) {
+      StreamedTensor& t = *entries_[coming[brought]].tensor;
+      t.bring(stream, arena_.get());
+      t.ready = ready;
+    }
+    ready->record(ref(stream));
   } catch (...) {
+    for (std::size_t k = brought; k < coming.size(); ++k) budget_.forget(key(coming[k]));
     for (int id : held) release(id);
     throw;
   }
-  if (brought) ready->record(ref(stream));
+  return true;
 }
 
 void StreamExecutor::wait_ready(const std::vector<int>& ids) {
@@ -235,11 +258,31 @@ void StreamExecutor::wait_ready(const std::vector<int>& ids) {
   }
 }
 
+// The most the share's slots can hold at once: its budget, or everything
+// it streams if that is less (the weights, and for parameters that could
+// train their gradients and an optimizer's two states each: one that keeps
+// more draws the rest beside the arena, counted as its misses).
+std::size_t StreamExecutor::arena_bytes(std::size_t budget) const {
+  constexpr std::size_t kStatesPerParameter = 2;
+  std::size_t all = 0;
+  for (const Entry& e : entries_) all += e.tensor->nbytes();
+  for (const Unit& u : units_) {
+    for (const at::Tensor& p : u.trainable) {
+      all += (1 + kStatesPerParameter) * p.storage().nbytes();
+    }
+  }
+  constexpr std::size_t kRound = 2 << 20;  // PyTorch's allocator's large rounding
+  return std::min(budget, (all + kRound - 1) / kRound * kRound);
+}
+
 void StreamExecutor::plan(std::size_t per_streamed, std::size_t per_any, bool training) {
   const std::size_t budget = budget_.share_stats(share_).limit;
   TraceScope scope("plan", "", budget);
-  reap_homes();
   training_ = training;
+  // The first forward's slots leave, and the resident units come first into
+  // the empty arena: in one piece at its start, with the ring after them.
+  evict_unused();
+  reap_homes();
   std::vector<int> seen;
   std::unordered_set<int> taken;
   for (int u : seen_) {
@@ -338,7 +381,8 @@ void StreamExecutor::stage_next(int unit, bool backward) {
     ahead += v.stream_bytes;
     if (v.staged || v.running) continue;
     TraceScope scope("bring", v.name, [&] { return unit_bytes(order_[j]); }, ref(bring_stream_));
-    bring_entries(v.tensors, bring_stream_);
+    // brought ahead only where the arena has room (it comes on demand)
+    if (!bring_entries(v.tensors, bring_stream_, /*optional=*/true)) break;
     v.staged = true;
     v.staged_backward = backward;
   }
@@ -506,6 +550,7 @@ void StreamExecutor::evict_all() {
   step_held_.clear();
   planned_ = false;
   evict_unused();
+  arena_.reset();  // its memory goes back once its last slot is gone
 }
 
 }  // namespace torch_uvm

@@ -5,6 +5,10 @@
 // stays and what leaves is core/residency's; how one tensor arrives and
 // leaves is streamed_tensor's.
 //
+// Memory: every slot a bring draws comes from one range of the share's
+// budget (core/slot_arena.h), so the GPU memory it streams through is the
+// budget, whatever the sizes of its tensors.
+//
 // Streams: submodules' tensors are brought on a stream of the executor's
 // ("bring"), and written home on another ("home"), so both directions of the
 // link and the compute stream overlap. The compute stream (the caller's
@@ -135,7 +139,10 @@ class StreamExecutor {
   void hold(int id);
   void release(int id);
   // Admits and brings `ids` on `stream` (one ready event), holding each.
-  void bring_entries(const std::vector<int>& ids, c10::cuda::CUDAStream stream);
+  // `optional` (brought ahead): not when the arena has no room for them
+  // (false, nothing held). Otherwise a slot without room is drawn beside it.
+  bool bring_entries(const std::vector<int>& ids, c10::cuda::CUDAStream stream,
+                     bool optional = false);
   void wait_ready(const std::vector<int>& ids);
   void carry_out(const std::vector<EvictionStep>& steps);
   // `ids` leave now, counted as evictions by how they leave (written ones go
@@ -178,6 +185,12 @@ class StreamExecutor {
   // budget, with `extra` bytes more
   void make_room(std::size_t extra = 0);
   void room_for(std::size_t bytes);  // before work that makes `bytes` on the GPU
+  // Where brought slots come from: one range the size of the budget, or of
+  // all the share could hold if that is less (slot_memory.h), drawn at the
+  // first bring and let go with evict_all.
+  std::shared_ptr<SlotArenaMemory> arena_;
+  std::size_t arena_bytes(std::size_t budget) const;
+  bool make_arena_room(const std::vector<std::size_t>& bytes);  // before drawing slots
   RuntimeEvent compute_done_;   // the compute stream's work before a batch of evictions
   RuntimeEvent homes_written_;  // the last copy home
   RuntimeEvent step_inputs_;    // the compute stream's work when optimizer.step() began

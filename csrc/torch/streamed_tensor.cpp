@@ -125,11 +125,11 @@ void StreamedTensor::make_home() {
   own_home_ = true;
 }
 
-void StreamedTensor::bring(c10::cuda::CUDAStream stream) {
+void StreamedTensor::bring(c10::cuda::CUDAStream stream, SlotArenaMemory* arena) {
   if (in_slot()) return;
   TORCH_INTERNAL_ASSERT(has_home(), "torch_uvm: a streamed tensor has no home to come from");
   home_written_.block(ref(stream));
-  slot_ = allocate_slot(nbytes_, stream);  // `stream`'s, first
+  slot_ = allocate_slot(nbytes_, stream, arena);  // `stream`'s, first
   slot_stream_ = stream;
   copy_bytes(slot_.mutable_data(), home_.data(), nbytes_, target_.device(), stream,
              copy_mechanisms().to_gpu);

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "torch/runtime_event.h"
+#include "torch/slot_memory.h"
 
 namespace torch_uvm {
 
@@ -72,9 +73,10 @@ class StreamedTensor {
   bool has_home() const { return static_cast<bool>(home_); }
   const c10::Storage& home() const { return home_; }
 
-  // Fills a slot from the home on `stream` (after a copy home still under
-  // way) and points the target at it. The caller records when it is ready.
-  void bring(c10::cuda::CUDAStream stream);
+  // Fills a slot (from `arena` if given: slot_memory.h) from the home on
+  // `stream` (after a copy home still under way) and points the target at
+  // it. The caller records when it is ready.
+  void bring(c10::cuda::CUDAStream stream, SlotArenaMemory* arena = nullptr);
   // The GPU memory the target has now becomes its slot (a new target).
   void adopt();
   // Leaves the GPU: written, the slot is copied home on `home_stream` after

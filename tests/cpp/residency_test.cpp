@@ -207,6 +207,27 @@ TEST(Residency, ExcessIsWhatCopiesHomePassingCanFree) {
   EXPECT_EQ(b.excess(0, s, kMiB), 0u);
 }
 
+// Room the books have but not in one piece: the least recently used range
+// not busy leaves, as an eviction would send it.
+TEST(Residency, TheLeastRecentRangeNotBusyLeavesOnDemand) {
+  ResidencyBudget b;
+  const ShareId s = share_of_three(b, /*first_written=*/true);
+  b.set_busy(0x1000, true);
+  auto step = b.evict_least_recent(0, s);
+  ASSERT_TRUE(step);
+  EXPECT_EQ(step->address, 0x2000u);
+  EXPECT_EQ(step->how, Eviction::kDrop);
+  b.set_busy(0x1000, false);
+  step = b.evict_least_recent(0, s);
+  ASSERT_TRUE(step);
+  EXPECT_EQ(step->address, 0x1000u);
+  EXPECT_EQ(step->how, Eviction::kWriteHome);
+  EXPECT_EQ(b.share_stats(s).evictions[static_cast<int>(Eviction::kWriteHome)], 1u);
+  b.set_busy(0x3000, true);
+  EXPECT_FALSE(b.evict_least_recent(0, s));
+  EXPECT_EQ(b.share_stats(s).resident_bytes, kMiB);
+}
+
 TEST(Residency, EachShareIsItsOwnBudgetWhateverTheOrder) {
   ResidencyBudget b;
   const std::size_t cap = 64 * kMiB;

@@ -653,6 +653,64 @@ def test_training_holds_no_more_gpu_memory_than_its_budget_while_copies_go_home(
         handle.undo()
 
 
+def make_blocks(blocks=6, width=1024):
+    """GPT-2's mix of weight sizes, scaled down: per block 12, 4, 16 and 16
+    MiB, and biases of KiB."""
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(blocks):
+        layers += [torch.nn.Linear(width, 3 * width), torch.nn.Linear(3 * width, width),
+                   torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)]
+    return torch.nn.Sequential(*layers)
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_slots_of_mixed_sizes_hold_no_more_gpu_memory_than_the_budget(uvm, training):
+    """Slots of several sizes, drawn and let go in turn while the host runs
+    ahead: PyTorch's allocator would reserve more than it holds (each of its
+    segments apart, never merged). Drawn from one range of the budget's
+    size, the GPU memory the slots take (measured by PyTorch's allocator,
+    which holds them alone with UVM on) is the budget, and no slot is drawn
+    beside it."""
+    x = torch.randn(64, 1024, device="cuda")
+    model = make_blocks()                                 # 6 x 48 MiB
+    budget = 120 * MiB
+    with torch.no_grad():
+        want = copy.deepcopy(model).cuda()(x)
+    handle = uvm.offload(model, budget=budget, mode="prefetch")
+    optimizer = (handle.stream_optimizer(torch.optim.SGD(model.parameters(), lr=1e-3,
+                                                         momentum=0.9), step_in_backward=True)
+                 if training else None)
+    try:
+        for step in range(4):
+            if step == 1:                                 # planned: measure from here
+                torch.cuda.synchronize()
+                uvm.empty_cache()
+                uvm.reset_peak_memory_stats()
+                misses = uvm.memory_stats()["slots.cuda:0.arena_misses"]
+            torch.cuda._sleep(50_000_000)                 # the host runs ahead meanwhile
+            if training:
+                model(x).square().mean().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            else:
+                with torch.no_grad():
+                    out = model(x)
+        torch.cuda.synchronize()
+        stats = uvm.memory_stats()
+        assert len(handle.resident_units()) < len(handle.units)          # it streams
+        assert stats["slots.cuda:0.arena_bytes"] == budget
+        assert stats["slots.cuda:0.arena_misses"] == misses
+        assert stats["slots.cuda:0.reserved_bytes.peak"] <= budget        # the GPU
+        assert handle.residency_stats()["resident_bytes.peak"] <= budget  # the books
+        if not training:
+            assert torch.equal(out, want)
+    finally:
+        handle.undo()
+    torch.cuda.synchronize()
+    assert uvm.memory_stats().get("slots.cuda:0.arena_bytes", 0) == 0   # given back with undo
+
+
 def test_profiler_traces_name_what_the_offload_moves(uvm, tmp_path):
     """torch_uvm's own work is in torch.profiler's trace, named by submodule,
     with its bytes; the copies it queued run on its streams, not the
