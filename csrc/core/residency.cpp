@@ -282,14 +282,25 @@ std::vector<EvictionStep> ResidencyBudget::make_room(DeviceIndex device, ShareId
   return steps;
 }
 
-std::optional<EvictionStep> ResidencyBudget::evict_least_recent(DeviceIndex device,
-                                                                ShareId share) {
+std::optional<EvictionStep> ResidencyBudget::evict_least_recent(
+    DeviceIndex device, ShareId share, const std::function<bool(std::uintptr_t)>& which) {
   std::lock_guard<std::mutex> lock(mutex_);
   Share& s = share_of(device, share);
   for (auto it = s.lru.begin(); it != s.lru.end(); ++it) {
-    if (!it->busy) return evict_range(it);
+    if (!it->busy && (!which || which(it->address))) return evict_range(it);
   }
   return std::nullopt;
+}
+
+void ResidencyBudget::withdraw(std::uintptr_t address) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = where_.find(address);
+  if (it == where_.end()) return;
+  const Range& r = *it->second;
+  for (ResidencyStats* st : {&share_of(r.device, r.share).stats, &devices_[r.device].stats}) {
+    st->prefetched_bytes -= std::min(st->prefetched_bytes, r.bytes);
+  }
+  erase(it->second, ResidencyEvent::kForget);
 }
 
 void ResidencyBudget::leaving(DeviceIndex device, ShareId share, std::size_t bytes) {

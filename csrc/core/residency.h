@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -121,10 +122,16 @@ class ResidencyBudget {
   // admit() would; then wait while excess(device, share, bytes) > 0.
   std::vector<EvictionStep> make_room(DeviceIndex device, ShareId share, std::size_t bytes);
 
-  // The share's least recently used range not busy leaves, as an admit's
-  // eviction would send it: for room the books already have, but not in
-  // one piece (core/slot_arena.h). nullopt if none is left.
-  std::optional<EvictionStep> evict_least_recent(DeviceIndex device, ShareId share);
+  // The share's least recently used range not busy (and, given `which`,
+  // that it accepts) leaves, as an admit's eviction would send it: for room
+  // the books already have, but not in one piece (core/slot_arena.h).
+  // nullopt if none is left.
+  std::optional<EvictionStep> evict_least_recent(
+      DeviceIndex device, ShareId share,
+      const std::function<bool(std::uintptr_t)>& which = nullptr);
+  // An admitted range did not arrive after all (its bring was put off):
+  // it leaves the books, and the bytes it would have brought too.
+  void withdraw(std::uintptr_t address);
 
   // A range in use by work still running may not be evicted.
   void set_busy(std::uintptr_t address, bool busy);

@@ -41,7 +41,6 @@ SlotArena::~SlotArena() {
 }
 
 Block* SlotArena::fit(std::size_t size) {
-  for (Block* b : pending_.take_completed()) return_to_pool(b);
   Block* start = segment_.head;  // the block holding the cursor
   while (start->next != nullptr && start->ptr + start->size <= cursor_) start = start->next;
   Block* b = start;
@@ -67,48 +66,45 @@ void SlotArena::unplace(Block* block) {
   return_to_pool(block);
 }
 
-bool SlotArena::place_all(const std::vector<std::size_t>& bytes) {
+std::vector<void*> SlotArena::place_all(const std::vector<std::size_t>& bytes) {
   char* const cursor = cursor_;
   std::vector<Block*> placed;
   for (std::size_t b : bytes) {
     Block* block = place(block_size(b));
     if (block == nullptr) break;
+    block->requested = b;
     placed.push_back(block);
   }
-  // taken back in reverse: the blocks coalesce as they were
-  for (auto it = placed.rbegin(); it != placed.rend(); ++it) unplace(*it);
-  cursor_ = cursor;
-  return placed.size() == bytes.size();
+  std::vector<void*> out;
+  if (placed.size() < bytes.size()) {  // taken back in reverse: they coalesce as they were
+    for (auto it = placed.rbegin(); it != placed.rend(); ++it) unplace(*it);
+    cursor_ = cursor;
+    return out;
+  }
+  for (Block* block : placed) {
+    allocated_[block->ptr] = block;
+    stats_.allocated += block->size;
+    out.push_back(block->ptr);
+  }
+  stats_.allocated_peak = std::max(stats_.allocated_peak, stats_.allocated);
+  return out;
 }
 
-bool SlotArena::fits(const std::vector<std::size_t>& bytes) {
+std::vector<void*> SlotArena::allocate_all(const std::vector<std::size_t>& bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (Block* b : pending_.take_completed()) return_to_pool(b);
-  if (place_all(bytes)) return true;
-  if (pending_.empty()) return false;
-  ++stats_.waits;
-  wait_pending();
-  return place_all(bytes);
+  std::vector<void*> out = place_all(bytes);
+  if (out.empty() && !bytes.empty() && !pending_.empty()) {
+    ++stats_.waits;  // (under the lock: the frees that wait for it are this arena's)
+    wait_pending();
+    out = place_all(bytes);
+  }
+  return out;
 }
 
 void* SlotArena::allocate(std::size_t bytes) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const std::size_t size = block_size(bytes);
-  Block* block = place(size);
-  if (block == nullptr && !pending_.empty()) {
-    ++stats_.waits;  // (under the lock: the frees that wait for it are this arena's)
-    wait_pending();
-    block = place(size);
-  }
-  if (block == nullptr) {
-    ++stats_.misses;
-    return nullptr;
-  }
-  block->requested = bytes;
-  allocated_[block->ptr] = block;
-  stats_.allocated += block->size;
-  stats_.allocated_peak = std::max(stats_.allocated_peak, stats_.allocated);
-  return block->ptr;
+  const std::vector<void*> one = allocate_all({bytes});
+  return one.empty() ? nullptr : one.front();
 }
 
 void SlotArena::wait_pending() {
@@ -116,11 +112,6 @@ void SlotArena::wait_pending() {
   std::vector<bool> done;
   pending_.wait(events, done);  // a failed wait leaves its block parked
   for (Block* b : pending_.settle(events, done)) return_to_pool(b);
-}
-
-void SlotArena::drain() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!pending_.empty()) wait_pending();
 }
 
 void SlotArena::record_stream(void* ptr, StreamRef stream) {

@@ -45,37 +45,33 @@ class SlotArena {
   SlotArena(const SlotArena&) = delete;
   SlotArena& operator=(const SlotArena&) = delete;
 
-  // `bytes` (rounded up to kMinBlockSize) for the arena's stream, or nullptr
-  // when no free range fits even once every pending free has passed
-  // (counted as a miss: the caller makes room, or takes memory elsewhere).
-  void* allocate(std::size_t bytes);
-  // Whether allocations of `bytes`, in order, would all find room now,
-  // waiting for pending frees if need be (not a miss).
-  bool fits(const std::vector<std::size_t>& bytes);
+  // Blocks of `bytes` each (rounded up to kMinBlockSize) for the arena's
+  // stream, placed in order, all or none: empty when they do not all find
+  // room even once every pending free has passed (the caller makes room, or
+  // takes memory elsewhere).
+  std::vector<void*> allocate_all(const std::vector<std::size_t>& bytes);
+  void* allocate(std::size_t bytes);  // one; nullptr when no room
   // `stream` uses the block at `ptr` too: on free, it is reused only once
   // that stream has passed the free.
   void record_stream(void* ptr, StreamRef stream);
   void free(void* ptr);
-  // Waits for every pending free (before the range itself is let go).
-  void drain();
 
   StreamRef stream() const { return segment_.stream; }
   std::size_t capacity() const { return segment_.size; }
   struct Stats {
     std::size_t allocated = 0, allocated_peak = 0;  // bytes in blocks handed out
     std::size_t waits = 0;   // allocations that waited for pending frees
-    std::size_t misses = 0;  // allocations that found no room
   };
   Stats stats() const;
   void reset_peak();
 
  private:
-  // The first free block of `size` at or after the cursor, wrapping round
-  // (pending frees that passed are taken back first), or nullptr.
+  // The first free block of `size` from the one holding the cursor,
+  // wrapping round, or nullptr.
   Block* fit(std::size_t size);
   Block* place(std::size_t size);  // fit, split, allocated (not counted); or nullptr
   void unplace(Block* block);      // a placed block free again
-  bool place_all(const std::vector<std::size_t>& bytes);  // placed, then taken back
+  std::vector<void*> place_all(const std::vector<std::size_t>& bytes);  // all or none
   void wait_pending();  // (locked)
   void return_to_pool(Block* block);  // free: coalesced with free neighbours
 

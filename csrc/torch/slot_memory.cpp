@@ -63,22 +63,33 @@ class SlotArenaMemory : public std::enable_shared_from_this<SlotArenaMemory> {
   SlotArenaMemory(std::size_t bytes, c10::cuda::CUDAStream stream)
       : memory_(allocate_slot(bytes, stream)),
         arena_(allocator().runtime(), memory_.mutable_data(), bytes, ref(stream)),
-        device_(stream.device_index()) {
-    counters(device_).bytes += bytes;
+        stream_(stream) {
+    counters(device()).bytes += bytes;
   }
-  // Its last slot is gone: the memory goes back to PyTorch's allocator for
-  // the arena's stream once the other streams passed their frees.
+  // Its last slot is gone: the memory goes back to PyTorch's allocator,
+  // reused there only once every stream that used a slot has passed (the
+  // allocator records them, as it does a slot's: no wait here).
   ~SlotArenaMemory() {
-    arena_.drain();
-    counters(device_).bytes -= memory_.nbytes();
+    for (const auto& s : streams_) record_slot_stream(memory_, s);
+    counters(device()).bytes -= memory_.nbytes();
   }
   SlotArena& arena() { return arena_; }
-  c10::DeviceIndex device() const { return device_; }
+  c10::cuda::CUDAStream stream() const { return stream_; }
+  c10::DeviceIndex device() const { return stream_.device_index(); }
+  void record_stream(void* ptr, c10::cuda::CUDAStream s) {
+    arena_.record_stream(ptr, ref(s));
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (s != stream_ && std::find(streams_.begin(), streams_.end(), s) == streams_.end()) {
+      streams_.push_back(s);
+    }
+  }
 
  private:
   c10::Storage memory_;  // one slot of PyTorch's allocator
   SlotArena arena_;
-  c10::DeviceIndex device_;
+  c10::cuda::CUDAStream stream_;
+  std::mutex mutex_;
+  std::vector<c10::cuda::CUDAStream> streams_;  // every other stream a slot was used on
 };
 
 namespace {
@@ -122,25 +133,36 @@ std::shared_ptr<SlotArenaMemory> make_slot_arena(std::size_t bytes,
   }
 }
 
-bool slot_arena_fits(SlotArenaMemory& arena, const std::vector<std::size_t>& bytes) {
-  return counting_waits(arena, [&](SlotArena& a) { return a.fits(bytes); });
+std::vector<c10::Storage> allocate_arena_slots(const std::vector<std::size_t>& bytes,
+                                               SlotArenaMemory& arena) {
+  const std::vector<void*> placed =
+      counting_waits(arena, [&](SlotArena& a) { return a.allocate_all(bytes); });
+  std::vector<c10::Storage> out;
+  const c10::Device device(c10::kCUDA, arena.device());
+  for (std::size_t k = 0; k < placed.size(); ++k) {
+    auto* slot = new ArenaSlot{arena.shared_from_this(), placed[k]};
+    c10::DataPtr owned(placed[k], slot, &free_arena_slot, device);
+    out.emplace_back(c10::Storage::use_byte_size_t(), bytes[k], std::move(owned),
+                     /*allocator=*/nullptr, /*resizable=*/false);
+  }
+  return out;
+}
+
+std::vector<c10::Storage> allocate_slots_beside(const std::vector<std::size_t>& bytes,
+                                                SlotArenaMemory& arena) {
+  std::vector<c10::Storage> out;
+  for (std::size_t b : bytes) out.push_back(allocate_slot(b, arena.stream()));
+  counters(arena.device()).misses += bytes.size();
+  return out;
+}
+
+bool is_arena_slot(const c10::Storage& memory) {
+  return memory.data_ptr().get_deleter() == &free_arena_slot;
 }
 
 void set_native_cuda_allocator(cca::CUDAAllocator* a) { g_native.store(a); }
 
-c10::Storage allocate_slot(std::size_t bytes, c10::cuda::CUDAStream stream,
-                           SlotArenaMemory* arena) {
-  if (arena != nullptr && arena->arena().stream() == ref(stream)) {
-    void* data = counting_waits(*arena, [&](SlotArena& a) { return a.allocate(bytes); });
-    if (data == nullptr) ++counters(arena->device()).misses;
-    if (data != nullptr) {
-      auto* slot = new ArenaSlot{arena->shared_from_this(), data};
-      c10::DataPtr owned(data, slot, &free_arena_slot,
-                         c10::Device(c10::kCUDA, stream.device_index()));
-      return c10::Storage(c10::Storage::use_byte_size_t(), bytes, std::move(owned),
-                          /*allocator=*/nullptr, /*resizable=*/false);
-    }
-  }
+c10::Storage allocate_slot(std::size_t bytes, c10::cuda::CUDAStream stream) {
   TORCH_CHECK_WITH(OutOfMemoryError, allocator().reserve_outside(bytes),
                    "torch_uvm: a streamed tensor's GPU slot of ", bytes, " bytes does not fit "
                    "under the managed memory cap (", allocator().cap(), " bytes) beside what "
@@ -167,7 +189,7 @@ void record_slot_stream(const c10::Storage& memory, c10::cuda::CUDAStream stream
     native()->recordStream(static_cast<Slot*>(p.get_context())->memory, stream);
   } else if (p.get_deleter() == &free_arena_slot) {
     auto* slot = static_cast<ArenaSlot*>(p.get_context());
-    slot->arena->arena().record_stream(slot->ptr, ref(stream));
+    slot->arena->record_stream(slot->ptr, stream);
   } else {
     cca::recordStream(p, stream);
   }

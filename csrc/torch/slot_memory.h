@@ -25,19 +25,22 @@ namespace torch_uvm {
 class SlotArenaMemory;
 // Throws c10::OutOfMemoryError as allocate_slot does.
 std::shared_ptr<SlotArenaMemory> make_slot_arena(std::size_t bytes, c10::cuda::CUDAStream stream);
-// Whether slots of `bytes`, drawn in order, would find room in it now
-// (core/slot_arena.h).
-bool slot_arena_fits(SlotArenaMemory& arena, const std::vector<std::size_t>& bytes);
+// Slots of `bytes` each from `arena`, for its stream, all or none (empty).
+std::vector<c10::Storage> allocate_arena_slots(const std::vector<std::size_t>& bytes,
+                                               SlotArenaMemory& arena);
+// Slots of `bytes` each from PyTorch's own allocator for `arena`'s stream,
+// beside the arena that had no room for them (counted: arena_misses).
+std::vector<c10::Storage> allocate_slots_beside(const std::vector<std::size_t>& bytes,
+                                                SlotArenaMemory& arena);
+bool is_arena_slot(const c10::Storage& memory);
 
 // install_cuda_slot saves PyTorch's own allocator here before replacing it.
 void set_native_cuda_allocator(c10::cuda::CUDACachingAllocator::CUDAAllocator* native);
 
-// `bytes` of device memory on `stream`'s device, for `stream`'s use first:
-// from `arena` when given (and drawn for its stream), else, or when it has
-// no room (counted as its miss), from PyTorch's own allocator.
+// `bytes` of device memory on `stream`'s device, for `stream`'s use first,
+// from PyTorch's own allocator.
 // Throws c10::OutOfMemoryError if they do not fit under the cap or on the GPU.
-c10::Storage allocate_slot(std::size_t bytes, c10::cuda::CUDAStream stream,
-                           SlotArenaMemory* arena = nullptr);
+c10::Storage allocate_slot(std::size_t bytes, c10::cuda::CUDAStream stream);
 
 // The memory is not reused before `stream` passes this point (a slot's:
 // PyTorch's allocator; any other CUDA memory: the current allocator's).

@@ -177,17 +177,21 @@ void StreamExecutor::room_for(std::size_t bytes) {
   make_room(bytes);
 }
 
-// The books have room for slots of `bytes`; the arena may not, in one
-// piece each: the least recently used ranges leave until it does. False
-// when none is left (the slots would be drawn beside the arena).
-bool StreamExecutor::make_arena_room(const std::vector<std::size_t>& bytes) {
-  while (arena_ && !slot_arena_fits(*arena_, bytes)) {
-    const auto step = budget_.evict_least_recent(device_.index(), share_);
-    if (!step) return false;
+// The books have room for slots of `sizes`; the arena may not, in one piece
+// each: its least recently used ranges leave until they fit. Empty when
+// none is left.
+std::vector<c10::Storage> StreamExecutor::arena_slots(const std::vector<std::size_t>& sizes) {
+  const auto in_arena = [this](std::uintptr_t address) {
+    return entries_[by_key_.at(address)].tensor->in_arena();
+  };
+  while (true) {
+    std::vector<c10::Storage> slots = allocate_arena_slots(sizes, *arena_);
+    if (!slots.empty()) return slots;
+    const auto step = budget_.evict_least_recent(device_.index(), share_, in_arena);
+    if (!step) return slots;
     TraceScope scope("arena_room", "", step->bytes);
     carry_out({*step});
   }
-  return true;
 }
 
 bool StreamExecutor::leave(int id, bool written) {
@@ -213,33 +217,39 @@ bool StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAS
   reap_homes();  // copies home that passed leave room: nothing evicted for them
   std::vector<int> held, coming;
   std::size_t brought = 0;
+  auto ready = std::make_shared<RuntimeEvent>(allocator().runtime());
   try {
     for (int id : ids) {
       // admitted (touched, if resident), then held: a later one of `ids`
       // cannot evict it
-      carry_out(budget_.admit(device_.index(), key(id), entries_[id].tensor->nbytes(), false,
-                              share_));
+      const auto steps = budget_.admit(device_.index(), key(id), entries_[id].tensor->nbytes(),
+                                       false, share_);
       hold(id);
       held.push_back(id);
       if (!entries_[id].tensor->in_slot()) coming.push_back(id);
+      carry_out(steps);
     }
     if (coming.empty()) return true;
     make_room();
     std::vector<std::size_t> sizes;
     for (int id : coming) sizes.push_back(entries_[id].tensor->nbytes());
-    if (!make_arena_room(sizes) && optional) {  // not now: no room in one piece
-      for (int id : coming) budget_.forget(key(id));
-      for (int id : held) release(id);
-      return false;
+    std::vector<c10::Storage> slots = arena_slots(sizes);
+    if (slots.empty()) {
+      if (optional) {  // not now: the arena has no room for them in one piece
+        for (int id : coming) budget_.withdraw(key(id));
+        for (int id : held) release(id);
+        return false;
+      }
+      slots = allocate_slots_beside(sizes, *arena_);
     }
-    auto ready = std::make_shared<RuntimeEvent>(allocator().runtime());
     for (; brought < coming.size(); ++brought) {
       StreamedTensor& t = *entries_[coming[brought]].tensor;
-      t.bring(stream, arena_.get());
+      t.bring(stream, std::move(slots[brought]));
       t.ready = ready;
     }
     ready->record(ref(stream));
   } catch (...) {
+    if (brought > 0) ready->record(ref(stream));  // those brought: filled once it passes
     for (std::size_t k = brought; k < coming.size(); ++k) budget_.forget(key(coming[k]));
     for (int id : held) release(id);
     throw;

@@ -140,7 +140,8 @@ class StreamExecutor {
   void release(int id);
   // Admits and brings `ids` on `stream` (one ready event), holding each.
   // `optional` (brought ahead): not when the arena has no room for them
-  // (false, nothing held). Otherwise a slot without room is drawn beside it.
+  // (false: nothing held, nothing counted). Otherwise slots without room
+  // are drawn beside it (counted: arena_misses).
   bool bring_entries(const std::vector<int>& ids, c10::cuda::CUDAStream stream,
                      bool optional = false);
   void wait_ready(const std::vector<int>& ids);
@@ -190,7 +191,7 @@ class StreamExecutor {
   // first bring and let go with evict_all.
   std::shared_ptr<SlotArenaMemory> arena_;
   std::size_t arena_bytes(std::size_t budget) const;
-  bool make_arena_room(const std::vector<std::size_t>& bytes);  // before drawing slots
+  std::vector<c10::Storage> arena_slots(const std::vector<std::size_t>& sizes);
   RuntimeEvent compute_done_;   // the compute stream's work before a batch of evictions
   RuntimeEvent homes_written_;  // the last copy home
   RuntimeEvent step_inputs_;    // the compute stream's work when optimizer.step() began

@@ -125,11 +125,12 @@ void StreamedTensor::make_home() {
   own_home_ = true;
 }
 
-void StreamedTensor::bring(c10::cuda::CUDAStream stream, SlotArenaMemory* arena) {
+void StreamedTensor::bring(c10::cuda::CUDAStream stream, c10::Storage slot) {
   if (in_slot()) return;
   TORCH_INTERNAL_ASSERT(has_home(), "torch_uvm: a streamed tensor has no home to come from");
+  TORCH_INTERNAL_ASSERT(slot.nbytes() >= nbytes_, "torch_uvm: a slot smaller than its tensor");
   home_written_.block(ref(stream));
-  slot_ = allocate_slot(nbytes_, stream, arena);  // `stream`'s, first
+  slot_ = std::move(slot);  // `stream`'s, first
   slot_stream_ = stream;
   copy_bytes(slot_.mutable_data(), home_.data(), nbytes_, target_.device(), stream,
              copy_mechanisms().to_gpu);

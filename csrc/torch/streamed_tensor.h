@@ -73,10 +73,12 @@ class StreamedTensor {
   bool has_home() const { return static_cast<bool>(home_); }
   const c10::Storage& home() const { return home_; }
 
-  // Fills a slot (from `arena` if given: slot_memory.h) from the home on
-  // `stream` (after a copy home still under way) and points the target at
-  // it. The caller records when it is ready.
-  void bring(c10::cuda::CUDAStream stream, SlotArenaMemory* arena = nullptr);
+  // Fills `slot` (device memory drawn for `stream`: slot_memory.h) from the
+  // home on `stream` (after a copy home still under way) and points the
+  // target at it. The caller records when it is ready.
+  void bring(c10::cuda::CUDAStream stream, c10::Storage slot);
+  // Its slot is in a share's arena (slot_memory.h).
+  bool in_arena() const { return in_slot() && is_arena_slot(slot_); }
   // The GPU memory the target has now becomes its slot (a new target).
   void adopt();
   // Leaves the GPU: written, the slot is copied home on `home_stream` after

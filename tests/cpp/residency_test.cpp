@@ -226,6 +226,26 @@ TEST(Residency, TheLeastRecentRangeNotBusyLeavesOnDemand) {
   b.set_busy(0x3000, true);
   EXPECT_FALSE(b.evict_least_recent(0, s));
   EXPECT_EQ(b.share_stats(s).resident_bytes, kMiB);
+  // only those the caller accepts (its ranges in one arena)
+  b.set_busy(0x3000, false);
+  b.admit(0, 0x4000, kMiB, false, s);
+  step = b.evict_least_recent(0, s, [](std::uintptr_t a) { return a == 0x4000; });
+  ASSERT_TRUE(step);
+  EXPECT_EQ(step->address, 0x4000u);
+  EXPECT_TRUE(b.is_resident(0, 0x3000));
+}
+
+// A bring put off after its admit leaves no trace in the books.
+TEST(Residency, AWithdrawnAdmissionLeavesTheBooksAsTheyWere) {
+  ResidencyBudget b;
+  const ShareId s = share_of_three(b, /*first_written=*/false);
+  const ResidencyStats before = b.share_stats(s);
+  b.admit(0, 0x4000, kMiB, false, s);
+  b.withdraw(0x4000);
+  EXPECT_FALSE(b.is_resident(0, 0x4000));
+  EXPECT_EQ(b.share_stats(s).resident_bytes, before.resident_bytes);
+  EXPECT_EQ(b.share_stats(s).prefetched_bytes, before.prefetched_bytes);
+  EXPECT_EQ(b.stats(0).prefetched_bytes, before.prefetched_bytes);
 }
 
 TEST(Residency, EachShareIsItsOwnBudgetWhateverTheOrder) {
