@@ -130,10 +130,11 @@ void StreamedTensor::bring(c10::cuda::CUDAStream stream, c10::Storage slot) {
   TORCH_INTERNAL_ASSERT(has_home(), "torch_uvm: a streamed tensor has no home to come from");
   TORCH_INTERNAL_ASSERT(slot.nbytes() >= nbytes_, "torch_uvm: a slot smaller than its tensor");
   home_written_.block(ref(stream));
+  // (a copy that fails leaves no slot: the next bring copies again)
+  copy_bytes(slot.mutable_data(), home_.data(), nbytes_, target_.device(), stream,
+             copy_mechanisms().to_gpu);
   slot_ = std::move(slot);  // `stream`'s, first
   slot_stream_ = stream;
-  copy_bytes(slot_.mutable_data(), home_.data(), nbytes_, target_.device(), stream,
-             copy_mechanisms().to_gpu);
   point_at(target_, slot_);
   version_ = version();
 }
