@@ -18,6 +18,7 @@
 
 #include "torch/record_stream.h"
 #include "torch/state.h"
+#include "torch/stream_ref.h"
 #include "torch_uvm/torch_uvm.h"
 
 namespace torch_uvm {
@@ -31,7 +32,7 @@ void record_stream_kernel(at::Tensor& self, c10::Stream stream) {
     if (a->find_allocation(data)) {
       c10::cuda::CUDAStream cuda(stream);
       translate_errors([&] {
-        a->record_stream(data, {cuda.device_index(), reinterpret_cast<std::uintptr_t>(cuda.stream())});
+        a->record_stream(data, stream_ref(cuda));
       });
       return;
     }

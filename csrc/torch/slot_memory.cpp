@@ -10,6 +10,7 @@
 
 #include "core/slot_arena.h"
 #include "torch/state.h"
+#include "torch/stream_ref.h"
 #include "torch_uvm/torch_uvm.h"
 
 namespace torch_uvm {
@@ -43,10 +44,6 @@ void free_slot(void* ctx) {
   if (auto* a = allocator_if_created()) a->release_outside(bytes);
 }
 
-StreamRef ref(const c10::cuda::CUDAStream& s) {
-  return {s.device_index(), reinterpret_cast<std::uintptr_t>(s.stream())};
-}
-
 constexpr int kMaxDevices = 64;
 struct ArenaCounters {
   std::atomic<std::size_t> bytes{0}, misses{0}, waits{0};
@@ -62,7 +59,7 @@ class SlotArenaMemory : public std::enable_shared_from_this<SlotArenaMemory> {
  public:
   SlotArenaMemory(std::size_t bytes, c10::cuda::CUDAStream stream)
       : memory_(allocate_slot(bytes, stream)),
-        arena_(allocator().runtime(), memory_.mutable_data(), bytes, ref(stream)),
+        arena_(allocator().runtime(), memory_.mutable_data(), bytes, stream_ref(stream)),
         stream_(stream) {
     counters(device()).bytes += bytes;
   }
@@ -77,7 +74,7 @@ class SlotArenaMemory : public std::enable_shared_from_this<SlotArenaMemory> {
   c10::cuda::CUDAStream stream() const { return stream_; }
   c10::DeviceIndex device() const { return stream_.device_index(); }
   void record_stream(void* ptr, c10::cuda::CUDAStream s) {
-    arena_.record_stream(ptr, ref(s));
+    arena_.record_stream(ptr, stream_ref(s));
     std::lock_guard<std::mutex> lock(mutex_);
     if (s != stream_ && std::find(streams_.begin(), streams_.end(), s) == streams_.end()) {
       streams_.push_back(s);

@@ -7,15 +7,12 @@
 
 #include "core/resident_plan.h"
 #include "torch/state.h"
+#include "torch/stream_ref.h"
 #include "torch/trace_scope.h"
 #include "torch_uvm/torch_uvm.h"
 
 namespace torch_uvm {
 namespace {
-
-StreamRef ref(const c10::cuda::CUDAStream& s) {
-  return {s.device_index(), reinterpret_cast<std::uintptr_t>(s.stream())};
-}
 
 // Optimizer states smaller than this (a step count) stay where the
 // optimizer put them: moving them would cost more calls than bytes.
@@ -125,7 +122,7 @@ void StreamExecutor::release(int id) {
 
 void StreamExecutor::carry_out(const std::vector<EvictionStep>& steps) {
   if (steps.empty()) return;
-  compute_done_.record(ref(compute()));
+  compute_done_.record(stream_ref(compute()));
   std::size_t wrote = 0;
   for (const EvictionStep& s : steps) {
     const int id = by_key_.at(s.address);
@@ -136,9 +133,9 @@ void StreamExecutor::carry_out(const std::vector<EvictionStep>& steps) {
 
 void StreamExecutor::note_homes(std::size_t bytes) {
   if (bytes == 0) return;
-  homes_written_.record(ref(home_stream_));
+  homes_written_.record(stream_ref(home_stream_));
   auto done = std::make_unique<RuntimeEvent>(allocator().runtime());
-  done->record(ref(home_stream_));
+  done->record(stream_ref(home_stream_));
   budget_.leaving(device_.index(), share_, bytes);
   homes_pending_.emplace_back(std::move(done), bytes);
 }
@@ -197,7 +194,8 @@ std::vector<c10::Storage> StreamExecutor::arena_slots(const std::vector<std::siz
 bool StreamExecutor::leave(int id, bool written) {
   StreamedTensor& t = *entries_[id].tensor;
   written = written || t.changed() || !t.has_home();
-  TraceScope scope(written ? "write_home" : "drop", entries_[id].name, t.nbytes(), ref(home_stream_));
+  TraceScope scope(written ? "write_home" : "drop", entries_[id].name, t.nbytes(),
+                   stream_ref(home_stream_));
   return t.leave(written, compute_done_, compute(), home_stream_);
 }
 
@@ -207,8 +205,8 @@ bool StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAS
   // is copied after that write.
   for (int id : ids) {
     if (entries_[id].tensor->written_at_home()) {
-      compute_done_.record(ref(compute()));
-      compute_done_.block(ref(stream));
+      compute_done_.record(stream_ref(compute()));
+      compute_done_.block(stream_ref(stream));
       break;
     }
   }
@@ -247,9 +245,9 @@ bool StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAS
       t.bring(stream, std::move(slots[brought]));
       t.ready = ready;
     }
-    ready->record(ref(stream));
+    ready->record(stream_ref(stream));
   } catch (...) {
-    if (brought > 0) ready->record(ref(stream));  // those brought: filled once it passes
+    if (brought > 0) ready->record(stream_ref(stream));  // those brought: filled once it passes
     for (std::size_t k = brought; k < coming.size(); ++k) budget_.forget(key(coming[k]));
     for (int id : held) release(id);
     throw;
@@ -258,7 +256,7 @@ bool StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAS
 }
 
 void StreamExecutor::wait_ready(const std::vector<int>& ids) {
-  const StreamRef c = ref(compute());
+  const StreamRef c = stream_ref(compute());
   for (int id : ids) {
     auto& ready = entries_[id].tensor->ready;
     if (ready) {
@@ -344,7 +342,7 @@ void StreamExecutor::before(int unit, bool backward) {
   if (u.staged) {
     u.staged = false;  // its holds pass to this run
   } else {
-    TraceScope scope("bring", u.name, [&] { return unit_bytes(unit); }, ref(bring_stream_));
+    TraceScope scope("bring", u.name, [&] { return unit_bytes(unit); }, stream_ref(bring_stream_));
     bring_entries(u.tensors, bring_stream_);
   }
   u.held = true;
@@ -390,7 +388,8 @@ void StreamExecutor::stage_next(int unit, bool backward) {
     if (ahead > 0 && ahead + v.stream_bytes > cap) break;
     ahead += v.stream_bytes;
     if (v.staged || v.running) continue;
-    TraceScope scope("bring", v.name, [&] { return unit_bytes(order_[j]); }, ref(bring_stream_));
+    TraceScope scope("bring", v.name, [&] { return unit_bytes(order_[j]); },
+                     stream_ref(bring_stream_));
     // brought ahead only where the arena has room (it comes on demand)
     if (!bring_entries(v.tensors, bring_stream_, /*optional=*/true)) break;
     v.staged = true;
@@ -438,7 +437,7 @@ void StreamExecutor::grads_ready(int unit, bool send_home) {
     // .grad now points at its home while the copy there is under way: what
     // the compute stream does next with it (DDP copies it into a bucket,
     // then writes the averaged gradient back) comes after the copy
-    homes_written_.block(ref(compute()));
+    homes_written_.block(stream_ref(compute()));
   }
   after(unit);
 }
@@ -455,7 +454,7 @@ void StreamExecutor::discard_grads(int unit) {
   }
 }
 
-void StreamExecutor::step_begins() { step_inputs_.record(ref(compute())); }
+void StreamExecutor::step_begins() { step_inputs_.record(stream_ref(compute())); }
 
 void StreamExecutor::bring(const std::vector<at::Tensor>& tensors, std::size_t new_bytes) {
   std::vector<int> ids;
@@ -471,8 +470,8 @@ void StreamExecutor::bring(const std::vector<at::Tensor>& tensors, std::size_t n
   };
   static const std::string kNone;
   TraceScope scope("bring_for_step", ids.empty() ? kNone : entries_[ids.front()].name, bytes,
-                   ref(bring_stream_));
-  step_inputs_.block(ref(bring_stream_));  // (a step in backward: long done)
+                   stream_ref(bring_stream_));
+  step_inputs_.block(stream_ref(bring_stream_));  // (a step in backward: long done)
   bring_entries(ids, bring_stream_);
   wait_ready(ids);
   try {
@@ -525,11 +524,11 @@ void StreamExecutor::end_pass() {
       for (int id : u.tensors) release(id);
     }
   }
-  homes_written_.block(ref(compute()));
+  homes_written_.block(stream_ref(compute()));
 }
 
 void StreamExecutor::evict_now(const std::vector<int>& ids) {
-  compute_done_.record(ref(compute()));
+  compute_done_.record(stream_ref(compute()));
   std::size_t wrote = 0;
   for (int id : ids) {
     Entry& e = entries_[id];
@@ -544,7 +543,7 @@ void StreamExecutor::evict_unused() {
   std::vector<int> all(entries_.size());
   for (std::size_t id = 0; id < all.size(); ++id) all[id] = static_cast<int>(id);
   evict_now(all);
-  homes_written_.block(ref(compute()));
+  homes_written_.block(stream_ref(compute()));
 }
 
 void StreamExecutor::evict_all() {

@@ -8,6 +8,7 @@
 #include "torch/pinned_home.h"
 #include "torch/slot_memory.h"
 #include "torch/state.h"
+#include "torch/stream_ref.h"
 #include "torch_uvm/torch_uvm.h"
 
 namespace torch_uvm {
@@ -15,10 +16,6 @@ namespace {
 
 std::atomic<int> g_to_gpu{static_cast<int>(CopyBy::kCopyEngine)};
 std::atomic<int> g_home{static_cast<int>(CopyBy::kCopyEngine)};
-
-StreamRef ref(const c10::cuda::CUDAStream& s) {
-  return {s.device_index(), reinterpret_cast<std::uintptr_t>(s.stream())};
-}
 
 void release_storage(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
 
@@ -84,7 +81,7 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes, c10::Device devic
   if (bytes == 0) return;
   if (by == CopyBy::kCopyEngine) {
     translate_errors([&] {  // a home is host memory: the runtime tells which way
-      allocator().runtime().copy(dst, src, bytes, ref(stream), /*synchronous=*/false,
+      allocator().runtime().copy(dst, src, bytes, stream_ref(stream), /*synchronous=*/false,
                                  CopyKind::kAny);
     });
     return;
@@ -129,7 +126,7 @@ void StreamedTensor::bring(c10::cuda::CUDAStream stream, c10::Storage slot) {
   if (in_slot()) return;
   TORCH_INTERNAL_ASSERT(has_home(), "torch_uvm: a streamed tensor has no home to come from");
   TORCH_INTERNAL_ASSERT(slot.nbytes() >= nbytes_, "torch_uvm: a slot smaller than its tensor");
-  home_written_.block(ref(stream));
+  home_written_.block(stream_ref(stream));
   // (a copy that fails leaves no slot: the next bring copies again)
   copy_bytes(slot.mutable_data(), home_.data(), nbytes_, target_.device(), stream,
              copy_mechanisms().to_gpu);
@@ -157,10 +154,10 @@ bool StreamedTensor::leave(bool written, const RuntimeEvent& done,
     written = true;
   }
   if (written) {
-    done.block(ref(home_stream));
+    done.block(stream_ref(home_stream));
     copy_bytes(home_.mutable_data(), slot_.data(), nbytes_, target_.device(), home_stream,
                copy_mechanisms().home);
-    home_written_.record(ref(home_stream));
+    home_written_.record(stream_ref(home_stream));
   }
   // A copy home is waited for by the allocator, not by a stream: the bring
   // stream would otherwise wait for every copy home, and the link's two
@@ -173,7 +170,7 @@ bool StreamedTensor::leave(bool written, const RuntimeEvent& done,
     // wait for the host to see it pass, and a host running ahead of the GPU
     // would draw new memory meanwhile: the GPU would hold more than the
     // budget.
-    done.block(ref(*slot_stream_));
+    done.block(stream_ref(*slot_stream_));
   } else {
     record_slot_stream(slot_, compute);
   }
