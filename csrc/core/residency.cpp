@@ -188,9 +188,13 @@ std::vector<ResidencyEvent> ResidencyBudget::take_timeline(std::size_t* dropped)
   return out;
 }
 
-void ResidencyBudget::count_eviction(Share& s, const Range& r, Eviction how) {
+std::array<ResidencyStats*, 2> ResidencyBudget::figures_of(const Range& r) {
+  return {&share_of(r.device, r.share).stats, &devices_[r.device].stats};
+}
+
+void ResidencyBudget::count_eviction(const Range& r, Eviction how) {
   const int i = static_cast<int>(how);
-  for (ResidencyStats* st : {&s.stats, &devices_[r.device].stats}) {
+  for (ResidencyStats* st : figures_of(r)) {
     ++st->evictions[i];
     st->evicted_bytes[i] += r.bytes;
   }
@@ -268,7 +272,7 @@ void ResidencyBudget::evict_for(Share& s, std::size_t bytes, std::size_t budget,
 EvictionStep ResidencyBudget::evict_range(Lru::iterator it) {
   const Eviction how = it->written ? Eviction::kWriteHome : Eviction::kDrop;
   const EvictionStep step{it->address, it->bytes, how};
-  count_eviction(share_of(it->device, it->share), *it, how);
+  count_eviction(*it, how);
   erase(it, left_by(how));
   return step;
 }
@@ -297,7 +301,7 @@ void ResidencyBudget::withdraw(std::uintptr_t address) {
   auto it = where_.find(address);
   if (it == where_.end()) return;
   const Range& r = *it->second;
-  for (ResidencyStats* st : {&share_of(r.device, r.share).stats, &devices_[r.device].stats}) {
+  for (ResidencyStats* st : figures_of(r)) {
     st->prefetched_bytes -= std::min(st->prefetched_bytes, r.bytes);
   }
   erase(it->second, ResidencyEvent::kForget);
@@ -368,7 +372,7 @@ void ResidencyBudget::discard(std::uintptr_t address) {
   auto it = where_.find(address);
   if (it == where_.end()) return;
   const Range& r = *it->second;
-  for (ResidencyStats* st : {&share_of(r.device, r.share).stats, &devices_[r.device].stats}) {
+  for (ResidencyStats* st : figures_of(r)) {
     ++st->discards;
     st->discarded_bytes += r.bytes;
   }

@@ -14,6 +14,7 @@
 // ceiling the caller gives (the managed memory cap).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -197,7 +198,9 @@ class ResidencyBudget {
   std::size_t shares_sum(const PerDevice& d) const;
   std::optional<std::size_t> budget_of(const Share& s) const;
   std::string holders(const PerDevice& d) const;
-  void count_eviction(Share& s, const Range& r, Eviction how);
+  // The figures a range counts in: its share's and its GPU's.
+  std::array<ResidencyStats*, 2> figures_of(const Range& r);
+  void count_eviction(const Range& r, Eviction how);
   // The range leaves, counted as an eviction by how it must (every eviction
   // goes through here).
   EvictionStep evict_range(Lru::iterator it);

@@ -57,13 +57,7 @@ Block* SlotArena::place(std::size_t size) {
   if (block->size - size >= kMinBlockSize) split_block(block, size);
   cursor_ = block->ptr + block->size;
   block->state = BlockState::kAllocated;
-  ++segment_.allocated_blocks;
   return block;
-}
-
-void SlotArena::unplace(Block* block) {
-  --segment_.allocated_blocks;
-  return_to_pool(block);
 }
 
 std::vector<void*> SlotArena::place_all(const std::vector<std::size_t>& bytes) {
@@ -77,7 +71,7 @@ std::vector<void*> SlotArena::place_all(const std::vector<std::size_t>& bytes) {
   }
   std::vector<void*> out;
   if (placed.size() < bytes.size()) {  // taken back in reverse: they coalesce as they were
-    for (auto it = placed.rbegin(); it != placed.rend(); ++it) unplace(*it);
+    for (auto it = placed.rbegin(); it != placed.rend(); ++it) return_to_pool(*it);
     cursor_ = cursor;
     return out;
   }
@@ -132,7 +126,6 @@ void SlotArena::free(void* ptr) {
   Block* block = it->second;
   allocated_.erase(it);
   stats_.allocated -= block->size;
-  --segment_.allocated_blocks;
   block->requested = 0;
   if (block->stream_uses.empty() || pending_.defer(block)) return_to_pool(block);
 }
@@ -146,11 +139,6 @@ void SlotArena::return_to_pool(Block* block) {
 SlotArena::Stats SlotArena::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return stats_;
-}
-
-void SlotArena::reset_peak() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  stats_.allocated_peak = stats_.allocated;
 }
 
 }  // namespace torch_uvm

@@ -57,20 +57,17 @@ class SlotArena {
   void free(void* ptr);
 
   StreamRef stream() const { return segment_.stream; }
-  std::size_t capacity() const { return segment_.size; }
   struct Stats {
     std::size_t allocated = 0, allocated_peak = 0;  // bytes in blocks handed out
     std::size_t waits = 0;   // allocations that waited for pending frees
   };
   Stats stats() const;
-  void reset_peak();
 
  private:
   // The first free block of `size` from the one holding the cursor,
   // wrapping round, or nullptr.
   Block* fit(std::size_t size);
   Block* place(std::size_t size);  // fit, split, allocated (not counted); or nullptr
-  void unplace(Block* block);      // a placed block free again
   std::vector<void*> place_all(const std::vector<std::size_t>& bytes);  // all or none
   void wait_pending();  // (locked)
   void return_to_pool(Block* block);  // free: coalesced with free neighbours
