@@ -5,9 +5,11 @@ side with the anchors, against the link's limit measured in the same run.
 
 A random-init GPT-2-style model (n_embd 2048, 30 layers, about 3 GiB fp16)
 generates 32 tokens greedily from a 32-token prompt under a 1.5 GiB budget:
-all resident; torch_uvm.offload in its auto mode (in place at batch 1) and
-in prefetch mode (streamed layers copied into GPU memory one submodule
-ahead, or two: _ahead2); accelerate dispatch_model with the same GPU share. Tokens/s; the
+all resident; torch_uvm.offload in its auto mode (at batch 1 whichever of
+in place and prefetch moves the streamed bytes sooner: prefetch for this
+model), in place (_in_place) and in prefetch mode (streamed layers copied
+into GPU memory one submodule ahead, or two: _ahead2); accelerate
+dispatch_model with the same GPU share. Tokens/s; the
 tokens must equal all-resident's.
 
 The link's limit: each token must bring the weights that are not resident
@@ -30,7 +32,8 @@ import method  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 GEN_BUDGET, PROMPT, NEW_TOKENS = 3 * GiB // 2, 32, 32
-PLAN = {"generate": ["pinned_rate", "resident", "torch_uvm_offload", "torch_uvm_offload_prefetch",
+PLAN = {"generate": ["pinned_rate", "resident", "torch_uvm_offload", "torch_uvm_offload_in_place",
+                     "torch_uvm_offload_prefetch",
                      "torch_uvm_offload_prefetch_ahead2", "accelerate_dispatch"]}
 
 
@@ -57,7 +60,8 @@ def run_generate(variant):
     if variant == "resident":
         model.cuda()
     elif variant.startswith("torch_uvm_offload"):
-        mode = "prefetch" if "_prefetch" in variant else "auto"
+        mode = "prefetch" if "_prefetch" in variant else \
+            "in_place" if variant.endswith("_in_place") else "auto"
         handle = torch_uvm.offload(model, budget=GEN_BUDGET, device="cuda", mode=mode,
                                    ahead=2 if variant.endswith("_ahead2") else 1)
     elif variant == "accelerate_dispatch":

@@ -43,6 +43,10 @@ MODES = ("auto", "in_place", "prefetch")
 # a GEMM of 16 or 128 rows reads a weight in host memory as fast as a pinned
 # copy of it, one of 1024 rows 4x slower (benchmarks/results/*-mechanisms.md).
 IN_PLACE_MAX_ROWS = 128
+# Kernels read host memory in place at about 49 GB/s where copy engines
+# move it at 55 (FINDINGS.md): in place moves a byte at this share of the
+# link's speed. For such inputs "auto" weighs it against prefetch's window.
+IN_PLACE_SPEED = 0.9
 # What training streams beside the resident prefix, in units of the largest
 # submodule: `ahead + 1` submodules' weights, and one submodule's gradients
 # and two optimizer states while it steps (needed); and the submodule's
@@ -70,6 +74,15 @@ def _rows(obj) -> int:
     return 0
 
 
+def faster_mode(in_place_bytes: int, prefetch_bytes: int) -> str:
+    """For small inputs without grad: the mode whose streamed bytes cross
+    sooner. In place keeps the whole budget resident and reads the rest at
+    IN_PLACE_SPEED of the link; prefetch copies at the link's speed, but its
+    window takes budget, so more bytes stream. Large submodules (a window of
+    two is a large share of the budget) read in place; small ones prefetch."""
+    return "prefetch" if prefetch_bytes * IN_PLACE_SPEED < in_place_bytes else "in_place"
+
+
 def window_units(mode: str, training: bool, ahead: int, homes: bool = True) -> Tuple[int, int]:
     """What streaming needs beside the resident units: so many of the
     largest streamed submodule (the one running and those brought ahead),
@@ -93,6 +106,7 @@ class Offloaded:
     def __init__(self, module, device, budget, ahead, mode, units, handles, originals, lease):
         self.module, self.device, self.budget, self.ahead = module, device, budget, ahead
         self.mode = mode              # "auto" until the first forward decides
+        self._choose = False          # auto, small inputs: in place or prefetch after it
         self.units: List[_Unit] = units
         self.training = False         # the first forward built a graph
         self.executor = None          # made by the first forward, once the mode is known
@@ -139,8 +153,9 @@ class Offloaded:
         if self.mode == "auto":
             small = _rows((args, kwargs)) <= IN_PLACE_MAX_ROWS
             self.mode = "in_place" if small and not self.training else "prefetch"
+            self._choose = self.mode == "in_place"   # the first forward reads in place
         executor = _C.StreamExecutor(self._lease.share, self.device, self.ahead,
-                                     self.mode == "in_place")
+                                     self.mode == "in_place", self.training)
         for u in self.units:
             u.index = executor.add_unit(u.name, u.targets, u.trainable)
         self.executor = self._lease.executor = executor
@@ -165,7 +180,12 @@ class Offloaded:
         if executor is None:
             return
         if not executor.planned():
-            executor.plan(*window_units(self.mode, self.training, self.ahead), self.training)
+            if self._choose:   # the first forward's order gives what each would stream
+                self.mode = faster_mode(
+                    executor.streamed_per_pass(*window_units("in_place", False, self.ahead)),
+                    executor.streamed_per_pass(*window_units("prefetch", False, self.ahead)))
+                executor.set_in_place(self.mode == "in_place")
+            executor.plan(*window_units(self.mode, self.training, self.ahead))
         executor.end_pass()
 
     def stream_optimizer(self, optimizer: torch.optim.Optimizer,
@@ -275,9 +295,12 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     ``"in_place"``: kernels read them in host memory over PCIe, with no GPU
     memory and no window (the whole budget stays resident); as fast as a
     copy for small batches. ``"prefetch"``: copied to the GPU `ahead`
-    submodules early and let go after use. ``"auto"`` (default): in place
-    when the first forward runs without grad on inputs of at most
-    IN_PLACE_MAX_ROWS rows (tokens), else prefetch.
+    submodules early and let go after use. ``"auto"`` (default): when the
+    first forward runs without grad on inputs of at most IN_PLACE_MAX_ROWS
+    rows (tokens), whichever of the two moves its streamed bytes sooner
+    (:func:`faster_mode`: in place reads at about 0.9 of the link's speed,
+    prefetch's window takes budget), chosen after that forward, which reads
+    in place; else prefetch.
     Returns a handle whose ``undo()`` puts the module back."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"offload expects a torch.nn.Module, got {type(module).__name__}")

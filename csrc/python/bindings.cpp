@@ -195,16 +195,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // One offloaded module's streaming (torch/stream_executor.h), driven by
   // torch_uvm/offload.py's hooks.
   py::class_<StreamExecutor>(m, "StreamExecutor")
-      .def(py::init([](ShareId share, const py::object& device, int ahead, bool in_place) {
+      .def(py::init([](ShareId share, const py::object& device, int ahead, bool in_place,
+                       bool training) {
              return translate_errors([&] {
                return std::make_unique<StreamExecutor>(residency_budget(), share,
                                                        with_index(device.cast<c10::Device>()),
-                                                       ahead, in_place);
+                                                       ahead, in_place, training);
              });
            }),
-           py::arg("share"), py::arg("device"), py::arg("ahead"), py::arg("in_place"))
+           py::arg("share"), py::arg("device"), py::arg("ahead"), py::arg("in_place"),
+           py::arg("training"))
       .def("add_unit", &StreamExecutor::add_unit)
       .def("plan", &StreamExecutor::plan)
+      .def("streamed_per_pass", &StreamExecutor::streamed_per_pass)
+      .def("set_in_place", &StreamExecutor::set_in_place)
       .def("planned", &StreamExecutor::planned)
       .def("order", &StreamExecutor::order)
       .def("resident", &StreamExecutor::resident)

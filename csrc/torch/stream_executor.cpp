@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <unordered_set>
 
-#include "core/resident_plan.h"
 #include "torch/state.h"
 #include "torch/stream_ref.h"
 #include "torch/trace_scope.h"
@@ -21,12 +20,13 @@ constexpr std::size_t kSmallestStreamed = 64 << 10;
 }  // namespace
 
 StreamExecutor::StreamExecutor(ResidencyBudget& budget, ShareId share, c10::Device device,
-                               int ahead, bool in_place)
+                               int ahead, bool in_place, bool training)
     : budget_(budget),
       share_(share),
       device_(device),
       ahead_(ahead),
       in_place_(in_place),
+      training_(training),
       bring_stream_(c10::cuda::getStreamFromPool(false, device.index())),
       home_stream_(c10::cuda::getStreamFromPool(false, device.index())),
       compute_done_(allocator().runtime()),
@@ -267,52 +267,71 @@ void StreamExecutor::wait_ready(const std::vector<int>& ids) {
 }
 
 // The most the share's slots can hold at once: its budget, or everything
-// it streams if that is less (the weights, and for parameters that could
-// train their gradients and an optimizer's two states each: one that keeps
-// more draws the rest beside the arena, counted as its misses).
+// it streams if that is less: the weights, and when it trains, its
+// parameters' gradients and an optimizer's two states each (one that keeps
+// more draws the rest beside the arena, counted as its misses). Inference
+// with a budget above the weights draws the weights' bytes, not the budget.
 std::size_t StreamExecutor::arena_bytes(std::size_t budget) const {
   constexpr std::size_t kStatesPerParameter = 2;
   std::size_t all = 0;
   for (const Entry& e : entries_) all += e.tensor->nbytes();
   for (const Unit& u : units_) {
     for (const at::Tensor& p : u.trainable) {
-      all += (1 + kStatesPerParameter) * p.storage().nbytes();
+      all += training_ ? (1 + kStatesPerParameter) * p.storage().nbytes() : 0;
     }
   }
   constexpr std::size_t kRound = 2 << 20;  // PyTorch's allocator's large rounding
   return std::min(budget, (all + kRound - 1) / kRound * kRound);
 }
 
-void StreamExecutor::plan(std::size_t per_streamed, std::size_t per_any, bool training) {
-  const std::size_t budget = budget_.share_stats(share_).limit;
-  TraceScope scope("plan", "", budget);
-  training_ = training;
-  // The first forward's slots leave, and the resident units come first into
-  // the empty arena: in one piece at its start, with the ring after them.
-  evict_unused();
-  reap_homes();
-  std::vector<int> seen;
+std::vector<int> StreamExecutor::pass_order() const {
+  std::vector<int> order;
   std::unordered_set<int> taken;
   for (int u : seen_) {
-    if (taken.insert(u).second) seen.push_back(u);
+    if (taken.insert(u).second) order.push_back(u);
   }
   for (int u = 0; u < units(); ++u) {
-    if (taken.insert(u).second) seen.push_back(u);  // never ran: last
+    if (taken.insert(u).second) order.push_back(u);  // never ran: last
   }
-  order_ = seen;
-  position_.assign(units_.size(), 0);
+  return order;
+}
+
+ResidentPlan StreamExecutor::plan_for(const std::vector<int>& order, std::size_t per_streamed,
+                                      std::size_t per_any) const {
   std::vector<std::vector<int>> pieces;  // per unit in order: its entries
-  for (std::size_t i = 0; i < order_.size(); ++i) {
-    position_[order_[i]] = static_cast<int>(i);
-    pieces.push_back(units_[order_[i]].tensors);
-  }
+  for (int u : order) pieces.push_back(units_[u].tensors);
   std::vector<std::size_t> piece_bytes;
   for (const Entry& e : entries_) piece_bytes.push_back(e.tensor->nbytes());
   // For inference the streamed units run first (core/resident_plan.h,
   // ResidentAt); a backward ends on the resident ones.
-  const ResidentPlan planned =
-      plan_resident(pieces, piece_bytes, budget, Window{per_streamed, per_any},
-                    training ? ResidentAt::kStart : ResidentAt::kEnd);
+  return plan_resident(pieces, piece_bytes, budget_.share_stats(share_).limit,
+                       Window{per_streamed, per_any},
+                       training_ ? ResidentAt::kStart : ResidentAt::kEnd);
+}
+
+std::size_t StreamExecutor::streamed_per_pass(std::size_t per_streamed,
+                                              std::size_t per_any) const {
+  const ResidentPlan p = plan_for(pass_order(), per_streamed, per_any);
+  std::size_t sum = 0;
+  for (std::size_t b : p.stream_bytes) sum += b;
+  return sum;
+}
+
+void StreamExecutor::set_in_place(bool in_place) {
+  TORCH_CHECK(!planned_, "torch_uvm: how an offload streams is chosen before its plan");
+  in_place_ = in_place;
+}
+
+void StreamExecutor::plan(std::size_t per_streamed, std::size_t per_any) {
+  TraceScope scope("plan", "", budget_.share_stats(share_).limit);
+  // The first forward's slots leave, and the resident units come first into
+  // the empty arena: in one piece at its start, with the ring after them.
+  evict_unused();
+  reap_homes();
+  order_ = pass_order();
+  position_.assign(units_.size(), 0);
+  for (std::size_t i = 0; i < order_.size(); ++i) position_[order_[i]] = static_cast<int>(i);
+  const ResidentPlan planned = plan_for(order_, per_streamed, per_any);
   const std::vector<bool>& resident = planned.resident;
   for (std::size_t i = 0; i < order_.size(); ++i) {
     Unit& u = units_[order_[i]];

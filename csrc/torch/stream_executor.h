@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/residency.h"
+#include "core/resident_plan.h"
 #include "torch/streamed_tensor.h"
 
 namespace torch_uvm {
@@ -35,9 +36,12 @@ class StreamExecutor {
  public:
   // `share`: the budget it streams in (core/residency.h). `in_place`:
   // streamed submodules are read where they live (kernels read their homes
-  // over PCIe); only the resident ones come to the GPU.
+  // over PCIe); only the resident ones come to the GPU. `training`: its
+  // forwards are followed by a backward (gradients and an optimizer's
+  // states stream too), not by the next forward, so a pass does not wrap
+  // round.
   StreamExecutor(ResidencyBudget& budget, ShareId share, c10::Device device, int ahead,
-                 bool in_place);
+                 bool in_place, bool training);
   ~StreamExecutor();
 
   // A submodule: `targets` are its parameters and buffers (CUDA tensors
@@ -52,10 +56,13 @@ class StreamExecutor {
   // for inference a suffix of that order, for training a prefix, beside a
   // window of `per_streamed` times the largest streamed unit and `per_any`
   // times the largest unit) and brings them.
-  // `training`: the forward is followed by a backward, not by the next
-  // forward, so it does not wrap round.
-  void plan(std::size_t per_streamed, std::size_t per_any, bool training);
+  void plan(std::size_t per_streamed, std::size_t per_any);
   bool planned() const { return planned_; }
+  // Before plan(): the bytes a pass would bring with that window (a
+  // streamed unit's pieces no resident unit holds, summed), to compare
+  // ways of streaming; and the choice of one.
+  std::size_t streamed_per_pass(std::size_t per_streamed, std::size_t per_any) const;
+  void set_in_place(bool in_place);
   const std::vector<int>& order() const { return order_; }
   bool resident(int unit) const { return units_.at(unit).resident; }
 
@@ -153,6 +160,11 @@ class StreamExecutor {
   // caller recorded compute_done_). Returns whether it was written home.
   bool leave(int id, bool written);
   void stage_next(int unit, bool backward);
+  // The first forward's order of the units (each once; those that never
+  // ran last), and the resident units it gives with a window.
+  std::vector<int> pass_order() const;
+  ResidentPlan plan_for(const std::vector<int>& order, std::size_t per_streamed,
+                        std::size_t per_any) const;
   std::size_t new_grad_bytes(const Unit& u) const;  // its parameters without a gradient
   void adopt(int id);
 
@@ -162,7 +174,7 @@ class StreamExecutor {
   int ahead_;
   std::size_t window_bytes_ = 0;  // the running unit and those brought ahead (after plan)
   bool in_place_;
-  bool training_ = false;
+  bool training_;
   bool planned_ = false;
   std::vector<Entry> entries_;
   std::unordered_map<const c10::TensorImpl*, int> by_target_;

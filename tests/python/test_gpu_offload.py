@@ -405,6 +405,34 @@ def test_offload_mode_auto_prefetches_for_large_inputs_and_training(uvm, budget)
         uvm.offload(make_model(layers=2), mode="zero_copy")
 
 
+def test_offload_mode_auto_prefetches_small_inputs_when_its_window_costs_little(uvm, budget):
+    """16 rows, no grad, submodules small beside the budget (a window of two
+    takes 8 of its 64 MiB): copied at the link's speed, the streamed bytes
+    cross sooner than read in place at 0.9 of it, so "auto" prefetches after
+    the first forward (which read in place). With 16 MiB submodules (a
+    window of half the budget) it reads in place: the test above."""
+    x = torch.randn(16, 1024, device="cuda")
+    model = make_model(layers=64, width=1024)             # 64 x 4 MiB
+    with torch.no_grad():
+        want = copy.deepcopy(model).cuda()(x)
+    handle = uvm.offload(model, device="cuda")
+    try:
+        with torch.no_grad():
+            outs = [model(x) for _ in range(2)]
+            torch.cuda.synchronize()
+            before = uvm.residency_stats()["prefetched_bytes"]
+            outs.append(model(x))
+        torch.cuda.synchronize()
+        assert handle.mode == "prefetch"
+        for out in outs:
+            assert torch.equal(out, want)
+        # copied to the GPU each pass (read in place, nothing would move)
+        assert uvm.residency_stats()["prefetched_bytes"] > before
+        assert 0 < len(handle.resident_units()) < len(handle.units)
+    finally:
+        handle.undo()
+
+
 def test_offload_keeps_tied_weights_tied(uvm, budget):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(4096, 1024), torch.nn.Linear(1024, 4096))
@@ -709,6 +737,26 @@ def test_slots_of_mixed_sizes_hold_no_more_gpu_memory_than_the_budget(uvm, train
         handle.undo()
     torch.cuda.synchronize()
     assert uvm.memory_stats().get("slots.cuda:0.arena_bytes", 0) == 0   # given back with undo
+
+
+def test_an_inference_arena_is_the_weights_when_the_budget_holds_them(uvm):
+    """Inference with a budget above the weights: the range the slots come
+    from is the weights' bytes, not the budget (no gradients or optimizer
+    states will stream), and every submodule stays resident."""
+    x = torch.randn(16, 1024, device="cuda")
+    model = make_blocks(blocks=2)                         # 96 MiB
+    weights = sum(p.nbytes for p in model.parameters())
+    handle = uvm.offload(model, budget=256 * MiB, mode="prefetch")
+    try:
+        with torch.no_grad():
+            model(x)
+            model(x)
+        torch.cuda.synchronize()
+        arena = uvm.memory_stats()["slots.cuda:0.arena_bytes"]
+        assert weights <= arena < weights + 2 * MiB
+        assert len(handle.resident_units()) == len(handle.units)
+    finally:
+        handle.undo()
 
 
 def test_profiler_traces_name_what_the_offload_moves(uvm, tmp_path):
