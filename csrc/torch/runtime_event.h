@@ -3,6 +3,7 @@
 // it completes).
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "core/runtime.h"
@@ -52,6 +53,28 @@ class RuntimeEvent {
   EventHandle event_ = nullptr;
   bool recorded_ = false;
   mutable std::vector<StreamRef> blocked_;  // since the last record
+};
+
+// The work queued so far on several streams (every compute stream a slot may
+// have been used on: a step can run on a stream of its own), one event each.
+class StreamsPassed {
+ public:
+  explicit StreamsPassed(Runtime& rt) : rt_(&rt) {}
+
+  void record(const std::vector<StreamRef>& streams) {
+    while (events_.size() < streams.size()) events_.push_back(std::make_unique<RuntimeEvent>(*rt_));
+    for (std::size_t k = 0; k < streams.size(); ++k) events_[k]->record(streams[k]);
+    recorded_ = streams.size();
+  }
+  // `stream`'s later work waits for all of it.
+  void block(StreamRef stream) const {
+    for (std::size_t k = 0; k < recorded_; ++k) events_[k]->block(stream);
+  }
+
+ private:
+  Runtime* rt_;
+  std::vector<std::unique_ptr<RuntimeEvent>> events_;
+  std::size_t recorded_ = 0;
 };
 
 }  // namespace torch_uvm

@@ -62,6 +62,16 @@ void StreamExecutor::note_compute() {
   }
 }
 
+// What leaves next waits for every compute stream's work so far, not only
+// the current one's: a step run on a stream of its own may still be writing
+// a slot that the main stream's next bring evicts.
+void StreamExecutor::record_compute_done() {
+  note_compute();
+  std::vector<StreamRef> refs;
+  for (const auto& c : compute_streams_) refs.push_back(stream_ref(c));
+  compute_done_.record(refs);
+}
+
 int StreamExecutor::entry_for(const at::Tensor& t) const {
   auto it = by_target_.find(t.unsafeGetTensorImpl());
   return it == by_target_.end() ? -1 : it->second;
@@ -122,7 +132,7 @@ void StreamExecutor::release(int id) {
 
 void StreamExecutor::carry_out(const std::vector<EvictionStep>& steps) {
   if (steps.empty()) return;
-  compute_done_.record(stream_ref(compute()));
+  record_compute_done();
   std::size_t wrote = 0;
   for (const EvictionStep& s : steps) {
     const int id = by_key_.at(s.address);
@@ -196,7 +206,7 @@ bool StreamExecutor::leave(int id, bool written) {
   written = written || t.changed() || !t.has_home();
   TraceScope scope(written ? "write_home" : "drop", entries_[id].name, t.nbytes(),
                    stream_ref(home_stream_));
-  return t.leave(written, compute_done_, compute(), home_stream_);
+  return t.leave(written, compute_done_, compute_streams_, home_stream_);
 }
 
 bool StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAStream stream,
@@ -205,7 +215,7 @@ bool StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAS
   // is copied after that write.
   for (int id : ids) {
     if (entries_[id].tensor->written_at_home()) {
-      compute_done_.record(stream_ref(compute()));
+      record_compute_done();
       compute_done_.block(stream_ref(stream));
       break;
     }
@@ -443,7 +453,8 @@ void StreamExecutor::grads_ready(int unit, bool send_home) {
       if (e.tensor->has_target()) by_target_.erase(e.tensor->target().unsafeGetTensorImpl());
       if (e.tensor->in_slot()) {  // the last step's, still on the GPU: it died
         budget_.discard(key(gid));
-        e.tensor->abandon(compute());
+        note_compute();
+        e.tensor->abandon(compute_streams_);
       }
       e.tensor->retarget(g);
       by_target_[g.unsafeGetTensorImpl()] = gid;
@@ -469,7 +480,8 @@ void StreamExecutor::discard_grads(int unit) {
     TraceScope scope("discard", e.name, e.tensor->nbytes());  // dies on the GPU: no copy
     by_target_.erase(e.tensor->target().unsafeGetTensorImpl());
     budget_.discard(key(gid));
-    e.tensor->abandon(compute());
+    note_compute();
+    e.tensor->abandon(compute_streams_);
   }
 }
 
@@ -547,7 +559,7 @@ void StreamExecutor::end_pass() {
 }
 
 void StreamExecutor::evict_now(const std::vector<int>& ids) {
-  compute_done_.record(stream_ref(compute()));
+  record_compute_done();
   std::size_t wrote = 0;
   for (int id : ids) {
     Entry& e = entries_[id];

@@ -138,6 +138,7 @@ class StreamExecutor {
 
   c10::cuda::CUDAStream compute() const;
   void note_compute();  // the current stream is one the slots are used on
+  void record_compute_done();  // compute_done_: every compute stream's work so far
   std::uintptr_t key(int id) const {
     return reinterpret_cast<std::uintptr_t>(entries_[id].tensor.get());
   }
@@ -204,7 +205,7 @@ class StreamExecutor {
   std::shared_ptr<SlotArenaMemory> arena_;
   std::size_t arena_bytes(std::size_t budget) const;
   std::vector<c10::Storage> arena_slots(const std::vector<std::size_t>& sizes);
-  RuntimeEvent compute_done_;   // the compute stream's work before a batch of evictions
+  StreamsPassed compute_done_;  // the compute streams' work before a batch of evictions
   RuntimeEvent homes_written_;  // the last copy home
   RuntimeEvent step_inputs_;    // the compute stream's work when optimizer.step() began
 };

@@ -144,8 +144,9 @@ void StreamedTensor::adopt() {
   version_ = version();
 }
 
-bool StreamedTensor::leave(bool written, const RuntimeEvent& done,
-                           c10::cuda::CUDAStream compute, c10::cuda::CUDAStream home_stream) {
+bool StreamedTensor::leave(bool written, const StreamsPassed& done,
+                           const std::vector<c10::cuda::CUDAStream>& computes,
+                           c10::cuda::CUDAStream home_stream) {
   if (!in_slot()) return false;
   // A home another tensor still reads (an earlier step's gradient the user
   // kept) is not overwritten: this one gets its own.
@@ -172,7 +173,7 @@ bool StreamedTensor::leave(bool written, const RuntimeEvent& done,
     // budget.
     done.block(stream_ref(*slot_stream_));
   } else {
-    record_slot_stream(slot_, compute);
+    for (const auto& c : computes) record_slot_stream(slot_, c);
   }
   point_at(target_, home_);
   slot_ = c10::Storage();
@@ -196,8 +197,10 @@ void StreamedTensor::let_go(const std::vector<c10::cuda::CUDAStream>& streams) {
   slot_ = c10::Storage();
 }
 
-void StreamedTensor::abandon(c10::cuda::CUDAStream compute) {
-  if (in_slot()) record_slot_stream(slot_, compute);
+void StreamedTensor::abandon(const std::vector<c10::cuda::CUDAStream>& computes) {
+  if (in_slot()) {
+    for (const auto& c : computes) record_slot_stream(slot_, c);
+  }
   slot_ = c10::Storage();
   target_ = at::Tensor();
 }

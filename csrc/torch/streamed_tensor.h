@@ -82,13 +82,14 @@ class StreamedTensor {
   // The GPU memory the target has now becomes its slot (a new target).
   void adopt();
   // Leaves the GPU: written, the slot is copied home on `home_stream` after
-  // the work `done` marks (the compute stream's); the target points at the
+  // the work `done` marks (the compute streams'); the target points at the
   // home. A brought slot goes back to the allocator for its stream's next
   // slot, which that stream fills after `done` (once the copy home, if any,
-  // has passed); an adopted one once `compute` and `home_stream` have
+  // has passed); an adopted one once `computes` and `home_stream` have
   // passed. Returns whether it was written home (also when `written` was
   // false but its home is another tensor's too, or it had none).
-  bool leave(bool written, const RuntimeEvent& done, c10::cuda::CUDAStream compute,
+  bool leave(bool written, const StreamsPassed& done,
+             const std::vector<c10::cuda::CUDAStream>& computes,
              c10::cuda::CUDAStream home_stream);
   // A new target of the same size (the next step's gradient) takes this
   // one's home; the old target keeps its value where it is.
@@ -96,7 +97,7 @@ class StreamedTensor {
   // The target died (a gradient set to None): the slot goes back to the
   // allocator once `compute` has passed, nothing is written home, and
   // this holds no target until retarget.
-  void abandon(c10::cuda::CUDAStream compute);
+  void abandon(const std::vector<c10::cuda::CUDAStream>& computes);
   bool has_target() const { return target_.defined(); }
   // Whoever still uses the slot (the target, if it lives on) keeps it; it
   // goes back to the allocator only once `streams` have passed.

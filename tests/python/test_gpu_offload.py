@@ -990,6 +990,39 @@ def test_a_step_reads_gradients_written_at_home_by_the_compute_stream(uvm, throu
         handle.undo()
 
 
+def test_weights_a_step_wrote_on_a_stream_of_its_own_go_home_after_it(uvm):
+    """An optimizer step run on a stream of its own writes the resident
+    weights there, late; undo() on the main stream at once copies them home
+    after that stream's work too, not only the main stream's."""
+    x = torch.randn(64, 1024, device="cuda")
+    model = make_model(layers=4, width=1024)              # 16 MiB: all resident
+    want = copy.deepcopy(model).cuda()
+    reference = torch.optim.SGD(want.parameters(), lr=0.1)
+    handle = uvm.offload(model, budget=64 * MiB, mode="prefetch")
+    optimizer = handle.stream_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    side = torch.cuda.Stream()
+    for step in range(2):
+        want(x).square().mean().backward()
+        reference.step()
+        reference.zero_grad()
+        model(x).square().mean().backward()
+        if step == 0:                  # every kernel loaded now: a lazy load would hold
+            optimizer.step()           # the host until the sleep below ends
+            optimizer.zero_grad()
+            torch.cuda._sleep(1)
+            torch.cuda.synchronize()
+            continue
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(200_000_000)                # the step lands late
+            optimizer.step()
+    assert len(handle.resident_units()) == len(handle.units)
+    handle.undo()                                         # the main stream, at once
+    torch.cuda.synchronize()
+    for i, (p, q) in enumerate(zip(model.parameters(), want.parameters())):
+        assert torch.equal(p.detach().cpu(), q.detach().cpu()), f"parameter {i}"
+
+
 def test_a_forward_brings_weights_written_at_home_after_the_write(uvm):
     """A weight written in place while at its home (on the compute stream)
     comes to the GPU for the next forward after that write."""
