@@ -25,11 +25,8 @@ ResidentPlan plan_resident(const std::vector<std::vector<int>>& units,
                            const std::vector<std::size_t>& piece_bytes, std::size_t budget,
                            Window window, ResidentAt at) {
   const std::size_t n = units.size();
-  const std::vector<bool> none(piece_bytes.size(), false);
-  std::size_t largest = 0;
-  for (const auto& u : units) largest = std::max(largest, new_bytes(u, piece_bytes, none));
   // A step's gradients and states come beside everything, streamed or not.
-  const std::size_t step = window.per_any * largest;
+  const std::size_t step = window.step_bytes;
   auto index = [&](std::size_t k) { return at == ResidentAt::kStart ? k : n - 1 - k; };
   // The first k units at `at` resident, for each k: the rest streams
   // through a window sized by the largest of them once the resident ones'

@@ -19,14 +19,14 @@ namespace torch_uvm {
 // sum (inference).
 enum class ResidentAt { kStart, kEnd };
 
-// What the window beside the resident units must hold, in units' sizes:
-// `per_streamed` of the largest streamed unit (the one running and those
-// brought ahead), and `per_any` of the largest unit, resident or not (what
-// a unit's optimizer step brings beside its weights: its gradients and two
-// states).
+// What the window beside the resident units must hold: `per_streamed` of
+// the largest streamed unit (the one running and those brought ahead), and
+// `step_bytes` beside everything, resident or not (what a unit's optimizer
+// step makes and brings beside its weights: the gradients and states of its
+// largest trainable part; none for a frozen model).
 struct Window {
   std::size_t per_streamed = 0;
-  std::size_t per_any = 0;
+  std::size_t step_bytes = 0;
 };
 
 struct ResidentPlan {
@@ -46,8 +46,7 @@ struct ResidentPlan {
 // fits the budget beside its window; the window is sized by the largest
 // unit that then streams (its pieces not resident), so a plan that keeps a
 // large unit resident streams through a smaller window. Everything is
-// resident when all of it fits beside `per_any` of the largest unit (a
-// step's room). When no run fits, nothing is resident and the window is
+// resident when all of it fits beside a step's room. When no run fits, nothing is resident and the window is
 // the whole budget. O(units x pieces) per run length.
 ResidentPlan plan_resident(const std::vector<std::vector<int>>& units,
                            const std::vector<std::size_t>& piece_bytes, std::size_t budget,

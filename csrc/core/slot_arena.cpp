@@ -24,13 +24,9 @@ SlotArena::SlotArena(Runtime& runtime, void* base, std::size_t capacity, StreamR
   cursor_ = segment_.base;
 }
 
-namespace {
-
-std::size_t block_size(std::size_t bytes) {
+std::size_t SlotArena::block_bytes(std::size_t bytes) {
   return std::max(kMinBlockSize, (bytes + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize);
 }
-
-}  // namespace
 
 SlotArena::~SlotArena() {
   for (Block* b = segment_.head; b != nullptr;) {
@@ -64,7 +60,7 @@ std::vector<void*> SlotArena::place_all(const std::vector<std::size_t>& bytes) {
   char* const cursor = cursor_;
   std::vector<Block*> placed;
   for (std::size_t b : bytes) {
-    Block* block = place(block_size(b));
+    Block* block = place(block_bytes(b));
     if (block == nullptr) break;
     block->requested = b;
     placed.push_back(block);

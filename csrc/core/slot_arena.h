@@ -45,6 +45,8 @@ class SlotArena {
   SlotArena(const SlotArena&) = delete;
   SlotArena& operator=(const SlotArena&) = delete;
 
+  // What a block for `bytes` takes of the arena: rounded up to kMinBlockSize.
+  static std::size_t block_bytes(std::size_t bytes);
   // Blocks of `bytes` each (rounded up to kMinBlockSize) for the arena's
   // stream, placed in order, all or none: empty when they do not all find
   // room even once every pending free has passed (the caller makes room, or

@@ -56,20 +56,22 @@ TEST(ResidentPlan, TheWindowIsSizedByTheLargestUnitThatStreams) {
   EXPECT_EQ(plan(eight, 24, {2, 0}), (V{true, true, false, false, false, false, false, false,
                                          false}));
   EXPECT_EQ(plan_resident(own(9), eight, 24, {2, 0}, ResidentAt::kEnd).resident_bytes, 20u);
-  // `per_any`: what a step brings beside (gradients, states) is sized by the
-  // largest unit even when that one stays resident.
+  // `step_bytes`: what a step brings beside (gradients, states) comes beside
+  // everything, the resident units too (here a step of the largest unit, 6).
   const std::vector<std::size_t> more{2, 2, 2, 2, 2, 2, 6};
   EXPECT_EQ(plan(more, 17, {2, 0}, ResidentAt::kEnd),
             (V{false, false, false, true, true, true, true}));
-  const ResidentPlan step = plan_resident(own(7), more, 17, {2, 1}, ResidentAt::kEnd);
+  const ResidentPlan step = plan_resident(own(7), more, 17, {2, 6}, ResidentAt::kEnd);
   EXPECT_EQ(step.resident, (V{false, false, false, false, false, false, true}));
   EXPECT_EQ(step.window_bytes, 10u);  // 2 x 2 + 1 x 6
   // Everything fits, but a step needs room beside it: not all resident
   // until the budget holds the weights and a step of the largest unit.
-  EXPECT_EQ(plan({4, 4, 4}, 12, {2, 1}), V(3, false));
-  const ResidentPlan all = plan_resident(own(3), {4, 4, 4}, 16, {2, 1}, ResidentAt::kStart);
+  EXPECT_EQ(plan({4, 4, 4}, 12, {2, 4}), V(3, false));
+  const ResidentPlan all = plan_resident(own(3), {4, 4, 4}, 16, {2, 4}, ResidentAt::kStart);
   EXPECT_EQ(all.resident, V(3, true));
   EXPECT_EQ(all.window_bytes, 4u);
+  // A frozen model's step brings nothing: all of it fits in its weights' bytes.
+  EXPECT_EQ(plan({4, 4, 4}, 12, {2, 0}), V(3, true));
 }
 
 TEST(ResidentPlan, ATiedPieceCountsOnceAndStreamsWithNoUnitWhenResident) {
