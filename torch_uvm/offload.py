@@ -23,12 +23,13 @@ from .residency import _cuda, _end_lease, _open_lease, _span_bytes, get_residenc
 
 class _Unit:
     """A module with parameters or buffers of its own, streamed as one."""
-    __slots__ = ("name", "module", "targets", "trainable", "index", "grads_expected",
+    __slots__ = ("name", "module", "targets", "params", "trainable", "index", "grads_expected",
                  "grads_seen", "stepped")
 
     def __init__(self, name: str, module: torch.nn.Module, targets: List[torch.Tensor]):
         self.name, self.module, self.targets = name, module, targets
-        self.trainable: List[torch.nn.Parameter] = []   # whose gradients it streams
+        self.params: List[torch.nn.Parameter] = []      # whose gradients it streams, if any
+        self.trainable: List[torch.nn.Parameter] = []   # those that require grad now
         self.index = -1                                  # in the executor
         self.grads_expected = self.grads_seen = 0
         self.stepped = False                             # in this backward
@@ -36,6 +37,10 @@ class _Unit:
     @property
     def nbytes(self) -> int:
         return sum(_span_bytes(t) for t in {id(t): t for t in self.targets}.values())
+
+    @property
+    def trainable_bytes(self) -> int:
+        return sum(_span_bytes(p) for p in self.trainable)
 
 
 MODES = ("auto", "in_place", "prefetch")
@@ -93,11 +98,17 @@ def window_units(mode: str, training: bool, ahead: int, homes: bool = True) -> T
     return (0 if mode == "in_place" else ahead + 1), 0
 
 
-def window_bytes(mode: str, training: bool, ahead: int, largest: int) -> int:
+def window_bytes(mode: str, training: bool, ahead: int, largest: int,
+                 largest_trainable: int = 0) -> int:
     """The least budget streaming needs beside the resident units: its
-    window when the largest submodule streams (without room for copies
-    home, which it then waits for)."""
-    return sum(window_units(mode, training, ahead, homes=False)) * largest
+    window when the largest submodule streams, and a step of the largest
+    trainable part (without room for copies home, which it then waits for)."""
+    per_streamed, per_any = window_units(mode, training, ahead, homes=False)
+    return per_streamed * largest + per_any * largest_trainable
+
+
+# The offloads not undone (an optimizer over two of them is refused by name).
+_LIVE: "weakref.WeakSet[Offloaded]" = weakref.WeakSet()
 
 
 class Offloaded:
@@ -106,9 +117,11 @@ class Offloaded:
     def __init__(self, module, device, budget, ahead, mode, units, handles, originals, lease):
         self.module, self.device, self.budget, self.ahead = module, device, budget, ahead
         self.mode = mode              # "auto" until the first forward decides
+        self._asked = mode
         self._choose = False          # auto, small inputs: in place or prefetch after it
         self.units: List[_Unit] = units
-        self.training = False         # the first forward built a graph
+        self.training = False         # planned for training (a forward built a graph)
+        self._planned_step = 0        # the largest trainable bytes the plan made room for
         self.executor = None          # made by the first forward, once the mode is known
         self.step_in_backward = False
         self._handles = handles
@@ -119,6 +132,7 @@ class Offloaded:
         self._finalizer.atexit = False
         self._optimizers: List[tuple] = []   # (optimizer, its own step)
         self._backward = offload_training.BackwardState()
+        self._final_stats = None             # residency_stats() when undone
 
     @property
     def learned(self) -> bool:
@@ -141,24 +155,73 @@ class Offloaded:
 
     def residency_stats(self) -> Dict[str, int]:
         """This offload's share: its budget, bytes resident (current and
-        peak), bytes brought, and evictions by how they left."""
+        peak), bytes brought, and evictions by how they left (after undo(),
+        as they were then)."""
+        if self._final_stats is not None:
+            return dict(self._final_stats)
         return dict(_C.residency_budget().share_stats(self._lease.share))
 
+    def least_budget(self, training: bool = True) -> int:
+        """The smallest budget this module streams in: `ahead + 1` of its
+        largest submodule, and, training, a step of its largest trainable
+        part (its weights, gradients and two states)."""
+        largest = max(u.nbytes for u in self.units)
+        trainable = max(u.trainable_bytes for u in self.units)
+        mode = "in_place" if self.mode == "in_place" else "prefetch"
+        return window_bytes(mode, training, self.ahead, largest, trainable)
+
     def _begin(self, args, kwargs) -> None:
-        """Before each forward; before the first, choose how its weights stream."""
-        if self.executor is not None:
-            self.executor.end_pass()   # what an interrupted pass left held
+        """Before each forward; before the first, choose how its weights
+        stream. A forward that builds a graph follows requires_grad (what
+        is trainable now), and plans again for training where the plan was
+        for inference (an evaluation ran first) or made no room for a step
+        as large as the trainable parts now need (parameters unfrozen)."""
+        training = torch.is_grad_enabled()
+        if training:
+            offload_training.follow_trainable(self)
+        executor = self.executor
+        if executor is not None:
+            executor.end_pass()   # what an interrupted pass left held
+            if training and (not self.training or
+                             executor.largest_trainable() > self._planned_step):
+                self._plan_for_training()
             return
-        self.training = torch.is_grad_enabled()
+        self.training = training
+        in_place = self.mode == "in_place"
         if self.mode == "auto":
-            small = _rows((args, kwargs)) <= IN_PLACE_MAX_ROWS
-            self.mode = "in_place" if small and not self.training else "prefetch"
-            self._choose = self.mode == "in_place"   # the first forward reads in place
-        executor = _C.StreamExecutor(self._lease.share, self.device, self.ahead,
-                                     self.mode == "in_place", self.training)
+            in_place = not training and _rows((args, kwargs)) <= IN_PLACE_MAX_ROWS
+            self._choose = in_place   # the first forward reads in place; "auto" chooses after it
+        executor = _C.StreamExecutor(self._lease.share, self.device, self.ahead, in_place,
+                                     self.training)
         for u in self.units:
             u.index = executor.add_unit(u.name, u.targets, u.trainable)
         self.executor = self._lease.executor = executor
+
+    def _plan_for_training(self) -> None:
+        """Everything leaves the GPU (written data goes home) and the plan is
+        made again, for training, from the order the forwards ran in; or a
+        clear refusal, before anything changes, if the budget cannot hold a
+        step."""
+        need = self.least_budget(training=True)
+        if need > self.budget:
+            raise ValueError(
+                f"torch_uvm: a budget of {self.budget} bytes cannot train this module: "
+                f"{offload_training.why_budget(self, need)}")
+        self.training = True
+        self._choose = False
+        if self._asked == "auto":
+            self.mode = "prefetch"
+        executor = self.executor
+        planned = executor.planned()
+        executor.evict_all()
+        executor.set_training(True)
+        executor.set_in_place(self.mode == "in_place")
+        if planned:
+            self._plan()
+
+    def _plan(self) -> None:
+        self.executor.plan(*window_units(self.mode, self.training, self.ahead))
+        self._planned_step = self.executor.largest_trainable()
 
     def _pre(self, unit: _Unit, args) -> None:
         if torch.cuda.is_current_stream_capturing():
@@ -185,7 +248,10 @@ class Offloaded:
                     executor.streamed_per_pass(*window_units("in_place", False, self.ahead)),
                     executor.streamed_per_pass(*window_units("prefetch", False, self.ahead)))
                 executor.set_in_place(self.mode == "in_place")
-            executor.plan(*window_units(self.mode, self.training, self.ahead))
+                self._choose = False
+            elif self.mode == "auto":
+                self.mode = "prefetch"
+            self._plan()
         executor.end_pass()
 
     def stream_optimizer(self, optimizer: torch.optim.Optimizer,
@@ -193,7 +259,12 @@ class Offloaded:
         """Make `optimizer.step()` step one submodule at a time within the
         budget: its weights, gradients and states are brought to the GPU,
         the optimizer's own step runs on them, and what it wrote goes home
-        (offload_training.py). Create the optimizer after offload. Returns it.
+        (offload_training.py). Create the optimizer after offload. Returns it,
+        still a ``torch.optim.Optimizer`` in every way trainers use one:
+        ``step(closure)`` runs the closure (forward and backward) and returns
+        its loss, ``zero_grad``, ``state_dict`` and ``load_state_dict`` (the
+        loaded states go to their homes, never all to the GPU at once),
+        ``add_param_group`` and schedulers editing ``param_groups``.
 
         `step_in_backward`: each submodule steps during backward, as soon as
         its gradients are complete, and its gradients are then set to None:
@@ -204,7 +275,8 @@ class Offloaded:
         use the default for those). Not with data parallelism (DDP): a
         submodule would step on this rank's own gradients before they are
         averaged; a warning says so."""
-        offload_training.check_optimizer(self, optimizer)
+        offload_training.check_optimizer(
+            self, optimizer, [h for h in list(_LIVE) if h is not self])
         if step_in_backward and torch.distributed.is_available() and \
                 torch.distributed.is_initialized():
             warnings.warn(
@@ -215,23 +287,33 @@ class Offloaded:
         own = optimizer.step
         self._optimizers.append((optimizer, own))
         self.step_in_backward = bool(step_in_backward)
+        offload_training.keep_states_home(self, optimizer)
         # a method, as LR schedulers expect of optimizer.step
         optimizer.step = types.MethodType(
-            lambda opt, closure=None: self._step(opt, own, closure), optimizer)
+            lambda opt, closure=None, **kwargs: self._step(opt, own, closure, kwargs), optimizer)
         return optimizer
 
-    def _step(self, optimizer, own, closure):
+    def _step(self, optimizer, own, closure, kwargs):
+        offload_training.check_params(self, optimizer, [h for h in list(_LIVE) if h is not self])
+        loss = None
         if closure is not None:
-            raise ValueError("torch_uvm: a streamed optimizer step takes no closure; call the "
-                             "closure (forward and backward) first, then step()")
-        offload_training.step(self, optimizer, own)
+            loss = offload_training.run_closure(self, closure)
+        offload_training.step(self, optimizer, own, kwargs)
+        return loss
 
     def undo(self) -> None:
         """Stop streaming: hooks removed, parameters and buffers back to the
-        tensors they were (their values included); what was on the GPU went
-        home first, and the share of the budget is given back."""
+        tensors they were (their values, and whether they require grad,
+        included); what was on the GPU went home first, and the share of the
+        budget is given back. Undone already: nothing more."""
+        if self._final_stats is not None:
+            return
+        self._final_stats = self.residency_stats()
         for h in self._handles:
             h.remove()
+        for u in self.units:
+            u.module.__dict__.pop("_apply", None)
+        _LIVE.discard(self)
         offload_training.forget(self)
         if self.executor is not None:
             self.executor.evict_all()
@@ -245,11 +327,36 @@ class Offloaded:
                 current = getattr(owner, name)
                 original.copy_(current.to(original.device))
                 if kind == "param":
+                    original.requires_grad_(current.requires_grad)
                     owner._parameters[name] = original
                 else:
                     owner._buffers[name] = original
         self.executor = self._lease.executor = None
         del self.module._torch_uvm_offloaded
+
+
+def _guard_conversions(handle: Offloaded, unit: _Unit) -> None:
+    """``module.cpu()`` / ``.to("cpu")`` of an offloaded module (Lightning
+    does it at the end of fit) undoes the offload first: its tensors are
+    then the module's own again, and move as usual. A conversion to another
+    dtype or GPU is refused by name (the offload's tensors are where they
+    stream); moves that change nothing (``.cuda()``, ``.to(device)``) pass."""
+    probe_of = unit.targets[0] if unit.targets else None
+    own = unit.module._apply
+
+    def _apply(fn, *args, **kwargs):
+        if probe_of is not None and getattr(handle.module, "_torch_uvm_offloaded", None) is handle:
+            probe = fn(torch.empty(0, device=probe_of.device, dtype=probe_of.dtype))
+            if probe.dtype != probe_of.dtype or probe.device.type == "cuda" and \
+                    probe.device != probe_of.device:
+                raise RuntimeError(
+                    f"torch_uvm: '{unit.name}' is offloaded to {handle.device} as "
+                    f"{probe_of.dtype}; converting it to {probe.device} as {probe.dtype} is not "
+                    "done in place. undo() the offload, convert the module, and offload it again")
+            if probe.device != probe_of.device:
+                handle.undo()      # to the CPU: the module's own tensors again
+        return own(fn, *args, **kwargs)
+    unit.module._apply = _apply
 
 
 def _direct_tensors(module: torch.nn.Module):
@@ -385,6 +492,9 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
         handles.append(u.module.register_forward_hook(
             lambda _m, _a, out, u=u: handle._post(u, out)))
     handles.append(module.register_forward_hook(lambda _m, _a, _o: handle._end_forward()))
+    for u in units:
+        _guard_conversions(handle, u)
     offload_training.install(handle)
     module._torch_uvm_offloaded = handle
+    _LIVE.add(handle)
     return handle

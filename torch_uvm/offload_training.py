@@ -23,6 +23,11 @@ this file decides when.
   after the backward's work so far: its wait for the states' copy and the
   step overlap the backward of the submodules before it instead of delaying
   it. The end of backward waits for every step.
+* What trains follows ``requires_grad`` at each forward that builds a graph
+  (frozen parameters need no room for gradients or states; unfrozen ones
+  get their hooks then). A streamed optimizer stays a ``torch.optim``
+  optimizer for trainers: ``step(closure)``, ``load_state_dict`` into the
+  states' homes, parameters that are not offloaded stepped as they are.
 """
 from __future__ import annotations
 
@@ -32,6 +37,8 @@ from typing import TYPE_CHECKING, Dict, List
 
 import torch
 from torch.utils._pytree import tree_leaves
+
+from . import _C
 
 if TYPE_CHECKING:
     from .offload import Offloaded, _Unit
@@ -57,29 +64,50 @@ class BackwardState:
         self.step_stream = None       # step_in_backward's steps run on it (made when first needed)
 
 
-def trainable(unit: "_Unit") -> List[torch.nn.Parameter]:
-    return [p for p in unit.module._parameters.values()
-            if p is not None and p.requires_grad]
+def _raise_with_note(e: BaseException, note: str):
+    """Raises `e` again with torch_uvm's note on what it left (on Python
+    before 3.11, a RuntimeError saying it, from `e`)."""
+    if sys.version_info >= (3, 11):
+        e.add_note(note)
+        raise e
+    raise RuntimeError(note) from e
 
 
 def install(handle: "Offloaded") -> None:
-    """Hooks for backward: after each accumulated gradient, count it; when a
-    submodule has all of its gradients, hand them to the executor. A tied
-    weight streams its gradient with its first user."""
-    owner: Dict[int, "_Unit"] = {}
+    """Each submodule's parameters (a tied weight streams its gradient with
+    its first user), and hooks for those that require grad now."""
+    owner = set()
+    for u in handle.units:
+        for p in u.module._parameters.values():
+            if p is not None and id(p) not in owner:
+                owner.add(id(p))
+                u.params.append(p)
+    handle._hooked = set()   # ids of the parameters with our hook
+    follow_trainable(handle)
+
+
+def follow_trainable(handle: "Offloaded") -> None:
+    """Each unit's trainable parameters as ``requires_grad`` says now
+    (progressive unfreezing, a GAN's discriminator frozen for the
+    generator's step): a hook after each accumulated gradient counts it,
+    and when a submodule has all of its gradients they go to the executor."""
     # A tensor's hooks are held in C++, out of the collector's reach: one that
     # held the handle (or a unit, which holds its module) would keep a module
     # dropped without undo alive for good. They hold a weak reference.
     ref = weakref.ref(handle)
     for i, u in enumerate(handle.units):
-        for p in trainable(u):
-            if id(p) not in owner:
-                owner[id(p)] = u
-                u.trainable.append(p)
+        now = [p for p in u.params if p.requires_grad]
+        if len(now) == len(u.trainable) and all(a is b for a, b in zip(now, u.trainable)):
+            continue
+        for p in now:
+            if id(p) not in handle._hooked:
+                handle._hooked.add(id(p))
                 handle._handles.append(p.register_post_accumulate_grad_hook(
                     lambda p, ref=ref, i=i: _on_grad(ref, i)))
-    for u in handle.units:
-        u.grads_expected = len(u.trainable)
+        u.trainable = now
+        u.grads_expected = len(now)
+        if handle.executor is not None:
+            handle.executor.set_trainable(u.index, now)
 
 
 def after_forward(handle: "Offloaded", unit: "_Unit", output) -> None:
@@ -178,33 +206,169 @@ def state_tensors(optimizer: torch.optim.Optimizer, p) -> List[torch.Tensor]:
             if isinstance(t, torch.Tensor) and t.is_cuda]
 
 
-def check_optimizer(handle: "Offloaded", optimizer: torch.optim.Optimizer) -> None:
-    if handle.learned and not handle.training:
-        raise ValueError(
-            "torch_uvm: this offload was planned for inference (its first forward ran without "
-            "grad). To train, undo() it and offload again, then run the first forward with grad")
-    ours = {id(p) for u in handle.units for p in u.module._parameters.values() if p is not None}
-    foreign = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in ours]
-    if foreign:
-        raise ValueError(
-            f"torch_uvm: the optimizer holds {len(foreign)} parameter(s) that are not the "
-            "offloaded module's: offload replaces the module's parameters, so create the "
-            "optimizer after torch_uvm.offload")
-    from .offload import window_bytes
+def why_budget(handle: "Offloaded", need: int) -> str:
+    """What a training budget must hold, and the least that does."""
     largest = max(handle.units, key=lambda u: u.nbytes)
-    need = window_bytes(handle.mode, True, handle.ahead, largest.nbytes)
-    if need > handle.budget:
+    stepped = max(handle.units, key=lambda u: u.trainable_bytes)
+    return (f"with ahead + 1 = {handle.ahead + 1} submodules streaming, the largest "
+            f"('{largest.name}', {largest.nbytes} bytes), and a step of the largest trainable "
+            f"one ('{stepped.name}': its weights, gradients and two states) it needs at least "
+            f"{need} bytes ({need / 2**20:.0f} MiB). Give it at least that budget, lower "
+            f"ahead, or freeze more of it")
+
+
+def _holders(handle: "Offloaded", optimizer, others) -> Dict[str, list]:
+    """The optimizer's parameters by whose they are: "ours", "originals"
+    (the module's tensors before offload replaced them), another offload's
+    holder name, or "plain" (not offloaded)."""
+    ours = {id(p) for u in handle.units for p in u.params}
+    originals = {id(t) for t in handle._originals.values()}
+    theirs = {id(p): type(o.module).__name__ for o in others for u in o.units for p in u.params}
+    found: Dict[str, list] = {}
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            whose = ("ours" if id(p) in ours else "originals" if id(p) in originals
+                     else theirs.get(id(p), "plain"))
+            found.setdefault(whose, []).append(p)
+    return found
+
+
+def _refuse_holders(found: Dict[str, list]) -> None:
+    if "originals" in found:
         raise ValueError(
-            f"torch_uvm: a budget of {handle.budget} bytes cannot hold the optimizer step of "
-            f"submodule '{largest.name}': with ahead + 1 = {handle.ahead + 1} submodules "
-            f"streaming, its weights, gradients and two states take {need} bytes. Raise the "
-            f"budget or lower ahead")
+            f"torch_uvm: the optimizer holds {len(found['originals'])} of the module's "
+            "parameters as they were before offload, which replaced them: create the optimizer "
+            "after torch_uvm.offload (from module.parameters() then)")
+    others = [k for k in found if k not in ("ours", "plain", "originals")]
+    if others:
+        raise ValueError(
+            f"torch_uvm: the optimizer holds parameters of another offloaded module "
+            f"({', '.join(repr(o) for o in others)}): each offload streams an optimizer of its "
+            "own. Create one optimizer per offloaded module (a GAN's generator and "
+            "discriminator each get theirs) and stream each with its own offload's "
+            "stream_optimizer")
 
 
-def _step_unit(handle: "Offloaded", optimizer, own, unit: "_Unit", with_grads: bool) -> bool:
+def check_optimizer(handle: "Offloaded", optimizer: torch.optim.Optimizer, others) -> None:
+    """Refuses, before anything changes, an optimizer that cannot stream
+    with this offload (`others`: the other offloads not undone)."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError(
+            "torch_uvm: LBFGS cannot be streamed: its step evaluates the closure several times "
+            "and updates every parameter at once, where a streamed step updates one submodule "
+            "at a time within the budget. Use an optimizer that steps each parameter on its "
+            "own (SGD, Adam, AdamW, ...), or undo the offload")
+    if any(o is optimizer for o, _ in handle._optimizers):
+        raise ValueError("torch_uvm: this optimizer is streamed by this offload already")
+    for other in others:
+        if any(o is optimizer for o, _ in other._optimizers):
+            raise ValueError(
+                f"torch_uvm: this optimizer is streamed by another offload (of "
+                f"'{type(other.module).__name__}') already: each offload streams an optimizer of "
+                "its own, over its own parameters")
+    _refuse_holders(_holders(handle, optimizer, others))
+    follow_trainable(handle)
+    need = handle.least_budget(training=True)
+    if need > handle.budget:
+        raise ValueError(f"torch_uvm: a budget of {handle.budget} bytes cannot train this "
+                         f"module: {why_budget(handle, need)}")
+
+
+def check_params(handle: "Offloaded", optimizer: torch.optim.Optimizer, others) -> None:
+    """At each step: parameters added since (add_param_group) may not be
+    the module's old ones nor another offload's."""
+    _refuse_holders(_holders(handle, optimizer, others))
+
+
+def run_closure(handle: "Offloaded", closure):
+    """`step(closure)`: the closure's forward and backward, as
+    ``torch.optim`` runs it. If it raises, what its backward left is let go
+    of, and the error says what stepped (step_in_backward)."""
+    try:
+        with torch.enable_grad():
+            return closure()
+    except BaseException as e:
+        stepped = [u.name for u in handle.units if u.stepped]
+        for u in handle.units:
+            u.stepped = False
+        handle._backward.stepped_since_step = False
+        if handle.executor is not None:
+            handle.executor.end_pass()
+        note = ("torch_uvm: the optimizer's closure raised, so step() stepped nothing"
+                + (f"; {len(stepped)} submodule(s) had stepped in its backward "
+                   f"(step_in_backward): {stepped[:8]}{' ...' if len(stepped) > 8 else ''}"
+                   if stepped else "")
+                + ". Nothing is held on the GPU for it; the module is consistent (undo() "
+                  "gives it back)")
+        _raise_with_note(e, note)
+
+
+def keep_states_home(handle: "Offloaded", optimizer: torch.optim.Optimizer) -> None:
+    """The optimizer's states of streamed parameters live in homes: those it
+    has now (loaded before streaming) go there, and so do those
+    ``load_state_dict`` loads (it would cast every state to its parameter's
+    device, all to the GPU at once): into the homes the states had, or new
+    ones."""
+    ours = {id(p) for u in handle.units for p in u.params}
+    for p, st in optimizer.state.items():
+        if id(p) in ours:
+            for key, t in list(st.items()):
+                if _streamable(t) and not _C.is_pinned_home(t):
+                    st[key] = _C.pinned_home(t.detach(), handle.device)
+
+    def to_homes(opt, state_dict):
+        params = [p for g in opt.param_groups for p in g["params"]]
+        saved = [i for g in state_dict.get("param_groups", []) for i in g["params"]]
+        if len(saved) != len(params):
+            return None          # load_state_dict refuses it, naming why
+        by_saved = dict(zip(saved, params))
+        state = {}
+        for k, values in state_dict.get("state", {}).items():
+            p = by_saved.get(k)
+            if p is None or id(p) not in ours:
+                state[k] = values
+                continue
+            had = opt.state.get(p, {})
+            state[k] = dict(values)
+            for key, v in values.items():
+                if key == "step" or not _streamable(v, on_gpu=False):
+                    continue
+                if p.is_floating_point():    # as load_state_dict casts it
+                    v = v.to(dtype=p.dtype)
+                old = had.get(key)
+                if isinstance(old, torch.Tensor) and old.shape == v.shape and \
+                        old.dtype == v.dtype and _C.is_pinned_home(old):
+                    with torch.no_grad():
+                        old.copy_(v)          # its home, written in place
+                    state[k][key] = old
+                else:
+                    state[k][key] = _C.pinned_home(v, handle.device)
+        return {**state_dict, "state": state}
+    handle._handles.append(optimizer.register_load_state_dict_pre_hook(to_homes))
+
+
+def _streamable(t, on_gpu: bool = True) -> bool:
+    return isinstance(t, torch.Tensor) and (t.is_cuda or not on_gpu) and \
+        t.nbytes >= _C.SMALLEST_STREAMED_STATE
+
+
+def _own_step(optimizer, own, ids, kwargs) -> None:
+    """The optimizer's own step over the parameters in `ids` alone."""
+    groups = optimizer.param_groups
+    saved = [g["params"] for g in groups]
+    try:
+        for g, all_params in zip(groups, saved):
+            g["params"] = [p for p in all_params if id(p) in ids]
+        own(**kwargs)
+    finally:
+        for g, all_params in zip(groups, saved):
+            g["params"] = all_params
+
+
+def _step_unit(handle: "Offloaded", optimizer, own, unit: "_Unit", with_grads: bool,
+               kwargs=None) -> bool:
     """The optimizer's own step on `unit`'s parameters alone, on the GPU.
     Returns whether it stepped anything."""
-    groups = optimizer.param_groups
     ids = {id(p) for p in unit.trainable if p.grad is not None}
     if not ids:
         return False
@@ -221,25 +385,28 @@ def _step_unit(handle: "Offloaded", optimizer, own, unit: "_Unit", with_grads: b
     stepped = _STEPPED.setdefault(optimizer, set())
     fresh = sum(p.nbytes for p in params if id(p) not in stepped and not optimizer.state.get(p))
     executor.bring(params + held + before, FIRST_STATES * fresh)
-    saved = [g["params"] for g in groups]
     try:
-        for g, all_params in zip(groups, saved):
-            g["params"] = [p for p in all_params if id(p) in ids]
-        own()
+        _own_step(optimizer, own, ids, kwargs or {})
         stepped.update(id(p) for p in params)
     finally:
-        for g, all_params in zip(groups, saved):
-            g["params"] = all_params
         after = [t for p in params for t in state_tensors(optimizer, p)]
         # (also when the step failed half-way: what it may have written goes home)
         executor.step_done(params + grads + after, params + after)
     return True
 
 
-def step(handle: "Offloaded", optimizer: torch.optim.Optimizer, original_step) -> None:
+def step(handle: "Offloaded", optimizer: torch.optim.Optimizer, original_step,
+         kwargs=None) -> None:
     """`optimizer.step()` one submodule at a time, each within the budget.
-    Submodules that stepped in backward (step_in_backward) are skipped."""
-    if handle.executor is None:
+    Submodules that stepped in backward (step_in_backward) are skipped;
+    parameters that are not offloaded step last, as they are."""
+    kwargs = kwargs or {}
+    ours = {id(p) for u in handle.units for p in u.params}
+    plain = {id(p) for g in optimizer.param_groups for p in g["params"]
+             if id(p) not in ours and p.grad is not None}
+    if handle.executor is None:        # no forward ran: nothing of ours has a gradient
+        if plain:
+            _own_step(optimizer, original_step, plain, kwargs)
         return
     handle.executor.step_begins()     # the gradients as the compute stream left them
     stepped: List[str] = []
@@ -248,17 +415,17 @@ def step(handle: "Offloaded", optimizer: torch.optim.Optimizer, original_step) -
             if u.stepped:
                 continue
             try:
-                if _step_unit(handle, optimizer, original_step, u, with_grads=True):
+                if _step_unit(handle, optimizer, original_step, u, with_grads=True,
+                              kwargs=kwargs):
                     stepped.append(u.name)
             except BaseException as e:
                 note = (f"torch_uvm: the streamed optimizer step failed in submodule '{u.name}'; "
                         f"{len(stepped)} submodule(s) had stepped: {stepped[:8]}"
                         f"{' ...' if len(stepped) > 8 else ''}. Nothing is held on the GPU for it; "
                         f"the module is consistent (undo() gives it back)")
-                if sys.version_info >= (3, 11):
-                    e.add_note(note)
-                    raise
-                raise RuntimeError(note) from e
+                _raise_with_note(e, note)
+        if plain:
+            _own_step(optimizer, original_step, plain, kwargs)
     finally:
         for u in handle.units:
             u.stepped = False

@@ -78,6 +78,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("manage_memory", &manage_memory);
   m.def("unmanage_memory", &unmanage_memory);
   m.def("adopt_copy_in_forked_child", &adopt_copy_in_forked_child);
+  // Whether t's memory is a streamed tensor's home (pinned_home.h).
+  m.def("is_pinned_home", [](const at::Tensor& t) {
+    return t.has_storage() && is_pinned_home(t.storage().data_ptr());
+  });
   // A streamed tensor's home: t's value in pinned host memory, seen on `device`.
   m.def("pinned_home", [](const at::Tensor& t, const py::object& device) {
     return pinned_home_copy(t, with_index(device.cast<c10::Device>()));
@@ -222,7 +226,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("end_pass", &StreamExecutor::end_pass)
       .def("evict_unused", &StreamExecutor::evict_unused)
       .def("evict_all", &StreamExecutor::evict_all)
+      .def("set_training", &StreamExecutor::set_training)
+      .def("set_trainable", &StreamExecutor::set_trainable)
+      .def("largest_trainable", &StreamExecutor::largest_trainable)
+      .def("holders", &StreamExecutor::holders)
+      .def("staged", &StreamExecutor::staged)
       .def("bytes_on_gpu", &StreamExecutor::bytes_on_gpu);
+  m.attr("SMALLEST_STREAMED_STATE") = StreamExecutor::kSmallestStreamed;
   // How streamed bytes cross the link (streamed_tensor.h): "copy_engine" or
   // "kernel", to the GPU and home. For benchmarks comparing them.
   m.def("set_copy_mechanisms", [](const std::string& to_gpu, const std::string& home) {

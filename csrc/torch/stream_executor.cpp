@@ -1,10 +1,15 @@
 #include "torch/stream_executor.h"
 
+#include <ATen/core/grad_mode.h>
 #include <c10/cuda/CUDAFunctions.h>
 
 #include <algorithm>
+#include <sstream>
 #include <unordered_set>
 
+#include "core/errors.h"
+#include "core/slot_arena.h"
+#include "torch/pinned_home.h"
 #include "torch/state.h"
 #include "torch/stream_ref.h"
 #include "torch/trace_scope.h"
@@ -13,9 +18,13 @@
 namespace torch_uvm {
 namespace {
 
-// Optimizer states smaller than this (a step count) stay where the
-// optimizer put them: moving them would cost more calls than bytes.
-constexpr std::size_t kSmallestStreamed = 64 << 10;
+// Whether `t` owns all of its storage from its start (a streamed tensor
+// takes the whole storage) and is large enough to be worth streaming.
+bool streamable(const at::Tensor& t) {
+  return t.is_cuda() && t.storage_offset() == 0 &&
+         t.nbytes() >= StreamExecutor::kSmallestStreamed &&
+         t.storage().nbytes() == static_cast<std::size_t>(t.nbytes());
+}
 
 }  // namespace
 
@@ -39,11 +48,11 @@ StreamExecutor::StreamExecutor(ResidencyBudget& budget, ShareId share, c10::Devi
 // Dropped with tensors on the GPU (an offload collected without undo): the
 // slots go back to the allocator once every stream that used them passed.
 StreamExecutor::~StreamExecutor() {
-  std::vector<c10::cuda::CUDAStream> streams = compute_streams_;
-  streams.push_back(bring_stream_);
-  streams.push_back(home_stream_);
   for (Entry& e : entries_) {
     budget_.unlabel(reinterpret_cast<std::uintptr_t>(e.tensor.get()));
+    std::vector<c10::cuda::CUDAStream> streams = e.used_on;
+    streams.push_back(bring_stream_);
+    streams.push_back(home_stream_);
     try {
       e.tensor->let_go(streams);
     } catch (...) {
@@ -55,21 +64,38 @@ c10::cuda::CUDAStream StreamExecutor::compute() const {
   return c10::cuda::getCurrentCUDAStream(device_.index());
 }
 
-void StreamExecutor::note_compute() {
+void StreamExecutor::note_use(const std::vector<int>& ids) {
   const auto c = compute();
-  if (std::find(compute_streams_.begin(), compute_streams_.end(), c) == compute_streams_.end()) {
-    compute_streams_.push_back(c);
+  for (int id : ids) {
+    auto& on = entries_[id].used_on;
+    if (std::find(on.begin(), on.end(), c) == on.end()) on.push_back(c);
   }
 }
 
-// What leaves next waits for every compute stream's work so far, not only
-// the current one's: a step run on a stream of its own may still be writing
-// a slot that the main stream's next bring evicts.
-void StreamExecutor::record_compute_done() {
-  note_compute();
-  std::vector<StreamRef> refs;
-  for (const auto& c : compute_streams_) refs.push_back(stream_ref(c));
+std::vector<c10::cuda::CUDAStream> StreamExecutor::streams_of(int id) const {
+  std::vector<c10::cuda::CUDAStream> streams = entries_[id].used_on;
+  const auto c = compute();
+  if (std::find(streams.begin(), streams.end(), c) == streams.end()) streams.push_back(c);
+  return streams;
+}
+
+// What leaves next waits for the work of every stream its slot was used on,
+// not only the current one's: a step run on a stream of its own may still
+// be writing a slot that the main stream's next bring evicts.
+void StreamExecutor::record_done(const std::vector<int>& ids) {
+  std::vector<StreamRef> refs{stream_ref(compute())};
+  for (int id : ids) {
+    for (const auto& s : entries_[id].used_on) {
+      const StreamRef r = stream_ref(s);
+      if (std::find(refs.begin(), refs.end(), r) == refs.end()) refs.push_back(r);
+    }
+  }
   compute_done_.record(refs);
+}
+
+void StreamExecutor::abandon(int id) {
+  entries_[id].tensor->abandon(streams_of(id));
+  entries_[id].used_on.clear();
 }
 
 int StreamExecutor::entry_for(const at::Tensor& t) const {
@@ -94,6 +120,7 @@ int StreamExecutor::add_unit(const std::string& name, const std::vector<at::Tens
                              const std::vector<at::Tensor>& trainable) {
   Unit u;
   u.name = name;
+  seq_pos_.push_back(-1);
   for (const at::Tensor& t : targets) {
     int id = entry_for(t);
     if (id < 0) id = add_entry(t, StreamedTensor::Memory::kHome, name);
@@ -132,11 +159,14 @@ void StreamExecutor::release(int id) {
 
 void StreamExecutor::carry_out(const std::vector<EvictionStep>& steps) {
   if (steps.empty()) return;
-  record_compute_done();
+  std::vector<int> ids;
+  for (const EvictionStep& s : steps) ids.push_back(by_key_.at(s.address));
+  record_done(ids);
   std::size_t wrote = 0;
-  for (const EvictionStep& s : steps) {
-    const int id = by_key_.at(s.address);
-    if (leave(id, s.how == Eviction::kWriteHome)) wrote += entries_[id].tensor->nbytes();
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    if (leave(ids[k], steps[k].how == Eviction::kWriteHome)) {
+      wrote += entries_[ids[k]].tensor->nbytes();
+    }
   }
   note_homes(wrote);
 }
@@ -181,6 +211,10 @@ void StreamExecutor::room_for(std::size_t bytes) {
   if (bytes == 0) return;
   reap_homes();
   carry_out(budget_.make_room(device_.index(), share_, bytes));
+  const ResidencyStats s = budget_.share_stats(share_);
+  if (s.resident_bytes + bytes > s.limit && let_go_of_what_can_wait()) {
+    carry_out(budget_.make_room(device_.index(), share_, bytes));
+  }
   make_room(bytes);
 }
 
@@ -206,7 +240,9 @@ bool StreamExecutor::leave(int id, bool written) {
   written = written || t.changed() || !t.has_home();
   TraceScope scope(written ? "write_home" : "drop", entries_[id].name, t.nbytes(),
                    stream_ref(home_stream_));
-  return t.leave(written, compute_done_, compute_streams_, home_stream_);
+  const bool home = t.leave(written, compute_done_, streams_of(id), home_stream_);
+  entries_[id].used_on.clear();  // its slot is gone: no stream uses it now
+  return home;
 }
 
 bool StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAStream stream,
@@ -215,7 +251,7 @@ bool StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAS
   // is copied after that write.
   for (int id : ids) {
     if (entries_[id].tensor->written_at_home()) {
-      record_compute_done();
+      record_done(ids);
       compute_done_.block(stream_ref(stream));
       break;
     }
@@ -230,8 +266,15 @@ bool StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAS
     for (int id : ids) {
       // admitted (touched, if resident), then held: a later one of `ids`
       // cannot evict it
-      const auto steps = budget_.admit(device_.index(), key(id), entries_[id].tensor->nbytes(),
-                                       false, share_);
+      std::vector<EvictionStep> steps;
+      try {
+        steps = admit(id, !optional);
+      } catch (const InvalidArgument&) {
+        if (!optional) throw;
+        for (int c : coming) budget_.withdraw(key(c));  // not now: the budget is held
+        for (int h : held) release(h);
+        return false;
+      }
       hold(id);
       held.push_back(id);
       if (!entries_[id].tensor->in_slot()) coming.push_back(id);
@@ -283,15 +326,66 @@ void StreamExecutor::wait_ready(const std::vector<int>& ids) {
 // with a budget above the weights draws the weights' bytes, not the budget.
 std::size_t StreamExecutor::arena_bytes(std::size_t budget) const {
   constexpr std::size_t kStatesPerParameter = 2;
-  std::size_t all = 0;
-  for (const Entry& e : entries_) all += e.tensor->nbytes();
+  std::size_t all = 0;  // each tensor as a slot of the arena takes it
+  for (const Entry& e : entries_) all += SlotArena::block_bytes(e.tensor->nbytes());
   for (const Unit& u : units_) {
     for (const at::Tensor& p : u.trainable) {
-      all += training_ ? (1 + kStatesPerParameter) * p.storage().nbytes() : 0;
+      all += training_ ? (1 + kStatesPerParameter) * SlotArena::block_bytes(p.storage().nbytes())
+                       : 0;
     }
   }
   constexpr std::size_t kRound = 2 << 20;  // PyTorch's allocator's large rounding
   return std::min(budget, (all + kRound - 1) / kRound * kRound);
+}
+
+std::vector<EvictionStep> StreamExecutor::admit(int id, bool required) {
+  const std::size_t bytes = entries_[id].tensor->nbytes();
+  for (bool again = false;; again = true) {
+    try {
+      return budget_.admit(device_.index(), key(id), bytes, false, share_);
+    } catch (const InvalidArgument& e) {
+      if (!required) throw;
+      if (again || !let_go_of_what_can_wait()) {
+        throw InvalidArgument(detail::concat(e.what(), "; holding it: ", holders()));
+      }
+    }
+  }
+}
+
+bool StreamExecutor::let_go_of_what_can_wait() {
+  bool any = !staged_.empty();
+  while (!staged_.empty()) unstage(units_[staged_.back()]);
+  for (Unit& u : units_) {
+    if (!u.held || !u.running_backward) continue;
+    u.held = false;
+    for (int id : u.tensors) release(id);
+    any = true;
+  }
+  return any;
+}
+
+std::string StreamExecutor::holders() const {
+  std::ostringstream os;
+  std::size_t resident = 0;
+  int shown = 0;
+  for (const Unit& u : units_) {
+    if (u.resident) {
+      resident += unit_bytes(static_cast<int>(&u - units_.data()));
+      continue;
+    }
+    const char* why = u.held ? (u.running_backward ? "in backward" : "running")
+                    : u.staged ? "brought ahead" : nullptr;
+    if (!why) continue;
+    if (shown++ < 8) {
+      os << (shown > 1 ? ", " : "") << "'" << u.name << "' (" << why << ", "
+         << format_bytes(unit_bytes(static_cast<int>(&u - units_.data()))) << ")";
+    }
+  }
+  if (shown > 8) os << " and " << shown - 8 << " more";
+  if (shown == 0) os << "no streamed unit";
+  os << "; resident units: " << format_bytes(resident);
+  if (!step_held_.empty()) os << "; an optimizer step's tensors";
+  return os.str();
 }
 
 std::vector<int> StreamExecutor::pass_order() const {
@@ -315,7 +409,7 @@ ResidentPlan StreamExecutor::plan_for(const std::vector<int>& order, std::size_t
   // For inference the streamed units run first (core/resident_plan.h,
   // ResidentAt); a backward ends on the resident ones.
   return plan_resident(pieces, piece_bytes, budget_.share_stats(share_).limit,
-                       Window{per_streamed, per_any},
+                       Window{per_streamed, per_any * largest_trainable()},
                        training_ ? ResidentAt::kStart : ResidentAt::kEnd);
 }
 
@@ -330,6 +424,35 @@ std::size_t StreamExecutor::streamed_per_pass(std::size_t per_streamed,
 void StreamExecutor::set_in_place(bool in_place) {
   TORCH_CHECK(!planned_, "torch_uvm: how an offload streams is chosen before its plan");
   in_place_ = in_place;
+}
+
+void StreamExecutor::set_training(bool training) {
+  TORCH_CHECK(!planned_, "torch_uvm: whether an offload trains is set before its plan");
+  training_ = training;
+}
+
+void StreamExecutor::set_trainable(int unit, const std::vector<at::Tensor>& trainable) {
+  Unit& u = units_.at(unit);
+  std::vector<int> grads;
+  for (const at::Tensor& p : trainable) {
+    int gid = -1;
+    for (std::size_t k = 0; k < u.trainable.size(); ++k) {
+      if (u.trainable[k].unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) gid = u.grads[k];
+    }
+    grads.push_back(gid);
+  }
+  u.trainable = trainable;
+  u.grads = std::move(grads);
+}
+
+std::size_t StreamExecutor::largest_trainable() const {
+  std::size_t largest = 0;
+  for (const Unit& u : units_) {
+    std::size_t sum = 0;
+    for (const at::Tensor& p : u.trainable) sum += p.storage().nbytes();
+    largest = std::max(largest, sum);
+  }
+  return largest;
 }
 
 void StreamExecutor::plan(std::size_t per_streamed, std::size_t per_any) {
@@ -364,18 +487,26 @@ void StreamExecutor::plan(std::size_t per_streamed, std::size_t per_any) {
 void StreamExecutor::before(int unit, bool backward) {
   Unit& u = units_.at(unit);
   if (!planned_) seen_.push_back(unit);
+  if (!backward && training_ && !in_backward_ && at::GradMode::is_enabled()) {
+    seq_pos_[unit] = static_cast<int>(forward_seq_.size());  // its backward's route
+    forward_seq_.push_back(unit);
+  }
+  in_backward_ = in_backward_ || backward;
   if (u.running) return;  // run again before its end (a module called twice)
   u.running = true;
-  note_compute();
+  u.running_backward = backward;
+  if (planned_) let_go_of_passed(unit, backward);
   if (in_place_ && !u.resident) return;  // read where it lives
   if (u.staged) {
     u.staged = false;  // its holds pass to this run
+    staged_.erase(std::find(staged_.begin(), staged_.end(), unit));
   } else {
     TraceScope scope("bring", u.name, [&] { return unit_bytes(unit); }, stream_ref(bring_stream_));
     bring_entries(u.tensors, bring_stream_);
   }
   u.held = true;
   wait_ready(u.tensors);
+  note_use(u.tensors);
   if (planned_) stage_next(unit, backward);
   if (backward) room_for(new_grad_bytes(u));
 }
@@ -396,9 +527,49 @@ void StreamExecutor::after(int unit) {
   for (int id : u.tensors) release(id);
 }
 
-void StreamExecutor::stage_next(int unit, bool backward) {
-  if (in_place_ || order_.empty()) return;
+// A backward retraces the forward that built its graph: the units that
+// ran in it, in reverse (a routed expert, a branch taken), not the order of
+// the plan, which only the first forward gave.
+bool StreamExecutor::on_route(bool backward) const {
+  return backward && !forward_seq_.empty();
+}
+
+int StreamExecutor::place(int unit, bool backward) const {
+  return on_route(backward) ? seq_pos_[unit] : position_[unit];
+}
+
+int StreamExecutor::distance(int from, int to, bool backward) const {
   const int n = static_cast<int>(order_.size());
+  const int d = backward ? from - to : to - from;
+  return !backward && !training_ ? (d % n + n) % n : d;  // inference's forwards wrap round
+}
+
+void StreamExecutor::let_go_of_passed(int unit, bool backward) {
+  const int here = place(unit, backward);
+  if (here < 0) return;
+  for (std::size_t k = 0; k < staged_.size();) {
+    Unit& v = units_[staged_[k]];
+    const int from = v.staged_from, there = place(staged_[k], backward);
+    if (staged_[k] != unit && v.staged_backward == backward &&
+        (there < 0 || distance(from, here, backward) > distance(from, there, backward))) {
+      unstage(v);  // (removes it from staged_)
+    } else {
+      ++k;
+    }
+  }
+}
+
+void StreamExecutor::unstage(Unit& u) {
+  u.staged = false;
+  staged_.erase(std::find(staged_.begin(), staged_.end(), static_cast<int>(&u - units_.data())));
+  for (int id : u.tensors) release(id);
+}
+
+void StreamExecutor::stage_next(int unit, bool backward) {
+  const std::vector<int>& route = on_route(backward) ? forward_seq_ : order_;
+  const int at = place(unit, backward);
+  if (in_place_ || route.empty() || at < 0) return;
+  const int n = static_cast<int>(route.size());
   const bool wrap = !backward && !training_;
   // The window holds the running unit and what is brought ahead: `ahead`
   // units' worth of bytes beside a streamed one, the whole window beside a
@@ -409,20 +580,25 @@ void StreamExecutor::stage_next(int unit, bool backward) {
   const std::size_t cap = window_bytes_ > running ? window_bytes_ - running : 0;
   std::size_t ahead = 0;
   for (int k = 1; k < n; ++k) {
-    int j = position_[unit] + (backward ? -k : k);
+    int j = at + (backward ? -k : k);
     if (wrap) j = (j % n + n) % n;
     if (j < 0 || j >= n) break;
-    Unit& v = units_[order_[j]];
-    if (v.resident || v.stream_bytes == 0) continue;  // nothing to bring
+    const int next = route[j];
+    Unit& v = units_[next];
+    if (v.resident || v.stream_bytes == 0 || place(next, backward) != j) {
+      continue;  // nothing to bring, or it runs again later on the route
+    }
     if (ahead > 0 && ahead + v.stream_bytes > cap) break;
     ahead += v.stream_bytes;
     if (v.staged || v.running) continue;
-    TraceScope scope("bring", v.name, [&] { return unit_bytes(order_[j]); },
+    TraceScope scope("bring", v.name, [&] { return unit_bytes(next); },
                      stream_ref(bring_stream_));
     // brought ahead only where the arena has room (it comes on demand)
     if (!bring_entries(v.tensors, bring_stream_, /*optional=*/true)) break;
     v.staged = true;
     v.staged_backward = backward;
+    v.staged_from = at;
+    staged_.push_back(next);
   }
 }
 
@@ -453,8 +629,7 @@ void StreamExecutor::grads_ready(int unit, bool send_home) {
       if (e.tensor->has_target()) by_target_.erase(e.tensor->target().unsafeGetTensorImpl());
       if (e.tensor->in_slot()) {  // the last step's, still on the GPU: it died
         budget_.discard(key(gid));
-        note_compute();
-        e.tensor->abandon(compute_streams_);
+        abandon(gid);
       }
       e.tensor->retarget(g);
       by_target_[g.unsafeGetTensorImpl()] = gid;
@@ -462,6 +637,7 @@ void StreamExecutor::grads_ready(int unit, bool send_home) {
     }
     fresh.push_back(gid);
   }
+  note_use(fresh);  // made by the backward on this stream
   if (send_home && !fresh.empty()) {
     evict_now(fresh);  // adopted written: they go home
     // .grad now points at its home while the copy there is under way: what
@@ -480,20 +656,29 @@ void StreamExecutor::discard_grads(int unit) {
     TraceScope scope("discard", e.name, e.tensor->nbytes());  // dies on the GPU: no copy
     by_target_.erase(e.tensor->target().unsafeGetTensorImpl());
     budget_.discard(key(gid));
-    note_compute();
-    e.tensor->abandon(compute_streams_);
+    abandon(gid);
   }
 }
 
 void StreamExecutor::step_begins() { step_inputs_.record(stream_ref(compute())); }
 
+std::string StreamExecutor::owner_of(const std::vector<at::Tensor>& tensors) const {
+  for (const at::Tensor& t : tensors) {
+    if (const int id = entry_for(t); id >= 0) return entries_[id].name;
+  }
+  return "optimizer";
+}
+
 void StreamExecutor::bring(const std::vector<at::Tensor>& tensors, std::size_t new_bytes) {
   std::vector<int> ids;
   for (const at::Tensor& t : tensors) {
-    const int id = entry_for(t);
+    int id = entry_for(t);
+    // a home it did not make: an optimizer state load_state_dict put there
+    if (id < 0 && streamable(t) && is_pinned_home(t.storage().data_ptr())) {
+      id = add_entry(t, StreamedTensor::Memory::kHome, owner_of(tensors) + ".state");
+    }
     if (id >= 0 && entries_[id].tensor->has_target()) ids.push_back(id);
   }
-  note_compute();  // a step may run on a stream of its own (step_in_backward)
   auto bytes = [&] {
     std::size_t sum = 0;
     for (int id : ids) sum += entries_[id].tensor->nbytes();
@@ -505,6 +690,7 @@ void StreamExecutor::bring(const std::vector<at::Tensor>& tensors, std::size_t n
   step_inputs_.block(stream_ref(bring_stream_));  // (a step in backward: long done)
   bring_entries(ids, bring_stream_);
   wait_ready(ids);
+  note_use(ids);  // a step may run on a stream of its own (step_in_backward)
   try {
     room_for(new_bytes);  // after the bring: its admits must not take the room
   } catch (...) {
@@ -517,20 +703,11 @@ void StreamExecutor::bring(const std::vector<at::Tensor>& tensors, std::size_t n
 void StreamExecutor::step_done(const std::vector<at::Tensor>& tensors,
                                const std::vector<at::Tensor>& written) {
   std::vector<int> ids;
-  std::string owner = "optimizer";  // new states are named by the step's first weight
-  for (const at::Tensor& t : tensors) {
-    if (const int id = entry_for(t); id >= 0) {
-      owner = entries_[id].name;
-      break;
-    }
-  }
+  const std::string owner = owner_of(tensors);  // new states are named by the step's first weight
   for (const at::Tensor& t : tensors) {
     int id = entry_for(t);
     if (id < 0) {  // made by the step (an optimizer state): on the GPU now
-      if (!t.is_cuda() || t.storage_offset() != 0 || t.nbytes() < kSmallestStreamed ||
-          t.storage().nbytes() != static_cast<std::size_t>(t.nbytes())) {
-        continue;
-      }
+      if (!streamable(t)) continue;
       id = add_entry(t, StreamedTensor::Memory::kSlot, owner + ".state");
       reap_homes();
       carry_out(budget_.admit(device_.index(), key(id), t.nbytes(), true, share_, false));
@@ -541,6 +718,7 @@ void StreamExecutor::step_done(const std::vector<at::Tensor>& tensors,
     const int id = entry_for(t);
     if (id >= 0) budget_.mark_written(key(id));
   }
+  note_use(ids);  // the states it made, on the step's stream
   std::vector<int> held;
   held.swap(step_held_);
   for (int id : held) release(id);
@@ -548,18 +726,23 @@ void StreamExecutor::step_done(const std::vector<at::Tensor>& tensors,
 }
 
 void StreamExecutor::end_pass() {
+  // a backward's end closes the route it retraced; forwards whose backward
+  // never came (graphs built and dropped) do not pile up
+  if (in_backward_ || forward_seq_.size() > 4 * units_.size()) {
+    for (int u : forward_seq_) seq_pos_[u] = -1;
+    forward_seq_.clear();
+    in_backward_ = false;
+  }
   for (Unit& u : units_) {
     if (u.running) after(static_cast<int>(&u - units_.data()));
-    if (u.staged && u.staged_backward) {
-      u.staged = false;
-      for (int id : u.tensors) release(id);
-    }
+    // inference's forwards wrap round: what the last brought ahead, the next runs first
+    if (u.staged && (u.staged_backward || training_)) unstage(u);
   }
   homes_written_.block(stream_ref(compute()));
 }
 
 void StreamExecutor::evict_now(const std::vector<int>& ids) {
-  record_compute_done();
+  record_done(ids);
   std::size_t wrote = 0;
   for (int id : ids) {
     Entry& e = entries_[id];
@@ -582,6 +765,7 @@ void StreamExecutor::evict_all() {
     u.staged = u.running = u.held = false;
     u.resident = false;
   }
+  staged_.clear();
   for (Entry& e : entries_) {
     e.holds = 0;
     e.pinned = false;

@@ -34,6 +34,10 @@ namespace torch_uvm {
 
 class StreamExecutor {
  public:
+  // Optimizer states smaller than this (a step count) stay where the
+  // optimizer put them: moving them would cost more calls than bytes.
+  static constexpr std::size_t kSmallestStreamed = 64 << 10;
+
   // `share`: the budget it streams in (core/residency.h). `in_place`:
   // streamed submodules are read where they live (kernels read their homes
   // over PCIe); only the resident ones come to the GPU. `training`: its
@@ -55,14 +59,25 @@ class StreamExecutor {
   // noted by before()): decides the resident units (core/resident_plan.h:
   // for inference a suffix of that order, for training a prefix, beside a
   // window of `per_streamed` times the largest streamed unit and `per_any`
-  // times the largest unit) and brings them.
+  // times the largest unit's trainable parameters: a frozen unit steps
+  // nothing) and brings them.
   void plan(std::size_t per_streamed, std::size_t per_any);
   bool planned() const { return planned_; }
   // Before plan(): the bytes a pass would bring with that window (a
   // streamed unit's pieces no resident unit holds, summed), to compare
-  // ways of streaming; and the choice of one.
+  // ways of streaming; and the choice of one, and of whether it trains (an
+  // offload planned for inference is planned again for training: evict_all,
+  // set_training, plan).
   std::size_t streamed_per_pass(std::size_t per_streamed, std::size_t per_any) const;
   void set_in_place(bool in_place);
+  void set_training(bool training);
+  // The unit's parameters that require grad now (frozen or unfrozen since):
+  // whose gradients it streams. A parameter that stays keeps its gradient's
+  // streamed tensor.
+  void set_trainable(int unit, const std::vector<at::Tensor>& trainable);
+  // The largest unit's trainable bytes (what a step of it brings beside its
+  // weights is sized by).
+  std::size_t largest_trainable() const;
   const std::vector<int>& order() const { return order_; }
   bool resident(int unit) const { return units_.at(unit).resident; }
 
@@ -70,7 +85,9 @@ class StreamExecutor {
   // tensors are on the GPU for the compute stream, and the next streamed
   // units are brought meanwhile, `ahead` of the largest one's bytes (the
   // whole window while a resident unit runs). Before plan(): brought on
-  // demand.
+  // demand. Units brought ahead that the pass went past without running
+  // them (a branch not taken, an expert not routed to, a frozen unit whose
+  // backward autograd skips) stop holding their slots.
   void before(int unit, bool backward);
   // The unit's kernels are queued: it may leave when room is needed.
   void after(int unit);
@@ -90,8 +107,9 @@ class StreamExecutor {
   // version counter) comes before every bring() of this step.
   void step_begins();
   // For an optimizer step: `tensors` (weights, gradients, states of the
-  // known ones) on the GPU for the compute stream (the current one: the step
-  // may run on a stream of its own), held until step_done.
+  // known ones, and states in homes it did not make: loaded ones) on the
+  // GPU for the compute stream (the current one: the step may run on a
+  // stream of its own), held until step_done.
   // `new_bytes`: what the step will make on the GPU (its first states):
   // room is made for them.
   void bring(const std::vector<at::Tensor>& tensors, std::size_t new_bytes = 0);
@@ -100,7 +118,8 @@ class StreamExecutor {
   // `tensors` but a resident unit's go home now (written ones by a copy).
   void step_done(const std::vector<at::Tensor>& tensors, const std::vector<at::Tensor>& written);
 
-  // End of a pass (forward or backward): holds it left are released, and the
+  // End of a pass (forward or backward): holds it left are released (in
+  // training, of every unit brought ahead: no pass wraps round), and the
   // compute stream waits for copies home under way, so that the user's
   // next kernels see every home up to date.
   void end_pass();
@@ -113,6 +132,11 @@ class StreamExecutor {
 
   // How many of the unit's bytes are in slots now (tests, stats).
   std::size_t bytes_on_gpu(int unit) const;
+  // The units holding slots now, by why: running, brought ahead, resident
+  // (in budget errors and tests).
+  std::string holders() const;
+  // The units brought ahead that have not run yet.
+  const std::vector<int>& staged() const { return staged_; }
   int units() const { return static_cast<int>(units_.size()); }
   std::size_t unit_bytes(int unit) const;
 
@@ -122,6 +146,9 @@ class StreamExecutor {
     std::string name;     // in traces: its submodule's, or "<submodule>.grad"
     int holds = 0;        // passes and steps using it now: never evicted
     bool pinned = false;  // a resident unit's
+    // The compute streams its slot was used on since it arrived (a step may
+    // run on a stream of its own): what it leaves after.
+    std::vector<c10::cuda::CUDAStream> used_on;
   };
   struct Unit {
     std::string name;
@@ -132,13 +159,21 @@ class StreamExecutor {
     std::size_t stream_bytes = 0;  // what it brings when it streams (after plan)
     bool staged = false;     // brought ahead, not yet run: holds its tensors
     bool staged_backward = false;
+    int staged_from = 0;     // the place of the unit that brought it ahead
     bool running = false;    // between before() and after()
+    bool running_backward = false;
     bool held = false;       // running, and holding its tensors
   };
 
   c10::cuda::CUDAStream compute() const;
-  void note_compute();  // the current stream is one the slots are used on
-  void record_compute_done();  // compute_done_: every compute stream's work so far
+  void note_use(const std::vector<int>& ids);  // the current stream uses their slots
+  // An entry's streams, and the current one (the caller's next work).
+  std::vector<c10::cuda::CUDAStream> streams_of(int id) const;
+  // compute_done_: the work so far of the current stream and of every
+  // stream the slots of `ids` were used on.
+  void record_done(const std::vector<int>& ids);
+  // The entry's target died: its slot goes back once its streams passed.
+  void abandon(int id);
   std::uintptr_t key(int id) const {
     return reinterpret_cast<std::uintptr_t>(entries_[id].tensor.get());
   }
@@ -158,15 +193,38 @@ class StreamExecutor {
   // home by a copy); held, pinned or absent ones stay.
   void evict_now(const std::vector<int>& ids);
   // Leaves now: written home if the budget or its version says so (the
-  // caller recorded compute_done_). Returns whether it was written home.
+  // caller recorded compute_done_ for it). Returns whether it was written home.
   bool leave(int id, bool written);
   void stage_next(int unit, bool backward);
+  // The route a pass walks: the planned order, or, in a backward, the
+  // forward that built its graph (forward_seq_); a unit's place on it (its
+  // last, or -1 if it is not on it).
+  bool on_route(bool backward) const;
+  int place(int unit, bool backward) const;
+  // How far place `to` lies from `from` the way a pass runs (wrapping
+  // round for inference's forwards); negative: behind it.
+  int distance(int from, int to, bool backward) const;
+  // Units brought ahead that the pass has gone past stop holding their slots.
+  void let_go_of_passed(int unit, bool backward);
+  void unstage(Unit& u);
+  // For a bring that must happen now and finds the budget held: units
+  // brought ahead, and units whose backward is under way (if their weights
+  // leave, their kernels read them in place in their home: weights are
+  // not written in backward), stop holding. Returns whether any did.
+  bool let_go_of_what_can_wait();
+  // Admits `id` (the budget's evictions to carry out); `required`: when the
+  // budget is held, lets go of what can wait and tries once more, and names
+  // who holds it if it still does not fit.
+  std::vector<EvictionStep> admit(int id, bool required);
   // The first forward's order of the units (each once; those that never
   // ran last), and the resident units it gives with a window.
   std::vector<int> pass_order() const;
   ResidentPlan plan_for(const std::vector<int>& order, std::size_t per_streamed,
                         std::size_t per_any) const;
   std::size_t new_grad_bytes(const Unit& u) const;  // its parameters without a gradient
+  // The name of the first of `tensors` it streams ("optimizer" if none):
+  // states a step makes or loads are named after it.
+  std::string owner_of(const std::vector<at::Tensor>& tensors) const;
   void adopt(int id);
 
   ResidencyBudget& budget_;
@@ -185,7 +243,10 @@ class StreamExecutor {
   std::vector<int> order_;      // the forward order, once planned
   std::vector<int> position_;   // unit -> its place in order_
   std::vector<int> step_held_;  // held by bring() until step_done()
-  std::vector<c10::cuda::CUDAStream> compute_streams_;  // every compute stream seen
+  std::vector<int> staged_;     // the units brought ahead, not yet run
+  std::vector<int> forward_seq_;  // training: the units the forwards since the last backward ran
+  std::vector<int> seq_pos_;      // unit -> its last place in forward_seq_, or -1
+  bool in_backward_ = false;      // a backward ran since the last end_pass
   c10::cuda::CUDAStream bring_stream_;
   c10::cuda::CUDAStream home_stream_;
   // Written slots let go whose copies home are under way, oldest first,

@@ -10,6 +10,7 @@ import torch
 
 from conftest import (LAST_PREFETCH_LOCATION, gpu, memory_type, range_attribute, run_python,
                       where)
+from offload_helpers import gpu_bytes, make_model, streamed_bytes_on_gpu, undo_leftover_offloads
 
 pytestmark = gpu
 MiB = 1 << 20
@@ -28,17 +29,6 @@ def nothing_left_streamed():
         torch_uvm.evict()
 
 
-def undo_leftover_offloads():
-    """A failed test's offloads live on in its traceback: undo them, so the
-    next tests start without them (and without the limit they set)."""
-    from torch_uvm.offload import Offloaded
-    gc.collect()
-    # type(), not isinstance: that reads every object's __class__, and some warn
-    for handle in [o for o in gc.get_objects() if type(o) is Offloaded]:
-        if getattr(handle.module, "_torch_uvm_offloaded", None) is handle:
-            handle.undo()
-
-
 @pytest.fixture
 def budget(uvm):
     """A 64 MiB residency budget on cuda:0, removed afterwards."""
@@ -46,11 +36,6 @@ def budget(uvm):
     yield 64 * MiB
     undo_leftover_offloads()
     uvm.set_residency_limit(None)
-
-
-def make_model(layers=8, width=2048):
-    torch.manual_seed(0)
-    return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
 
 
 def all_resident_output(x):
@@ -68,17 +53,6 @@ def test_residency_limit_bad_input(uvm):
     assert uvm.get_residency_limit() == int(0.01 * uvm.get_memory_cap())
     uvm.set_residency_limit(None)
     assert uvm.get_residency_limit() is None
-
-
-def gpu_bytes(model) -> int:
-    """The bytes of `model`'s weights in GPU memory now, asked of the driver
-    (the preferred location of each weight's memory: a GPU slot, or its home
-    on the CPU), apart from torch_uvm's accounting."""
-    seen = {}
-    for t in list(model.parameters()) + list(model.buffers()):
-        if t.numel() and where(t) == "gpu":
-            seen[t.data_ptr()] = t.numel() * t.element_size()
-    return sum(seen.values())
 
 
 def watch_residency(model):
@@ -537,19 +511,6 @@ def test_prefetching_lets_go_of_batches_and_of_a_loop_left_early(uvm, budget):
     uvm.bring(torch.ones(16 * MiB - 1024), "cuda")        # the whole budget: nothing busy
 
 
-def streamed_bytes_on_gpu(model, optimizer) -> int:
-    """Weights, gradients and optimizer states (64 KiB and more) in GPU
-    memory now, asked of the driver."""
-    seen = {}
-    for p in model.parameters():
-        states = [t for t in optimizer.state.get(p, {}).values()
-                  if isinstance(t, torch.Tensor) and t.is_cuda and t.nbytes >= 64 << 10]
-        for t in [p] + ([p.grad] if p.grad is not None else []) + states:
-            if where(t) == "gpu":
-                seen[t.data_ptr()] = t.nbytes
-    return sum(seen.values())
-
-
 def train_steps(model, optimizer, x, steps=4, between=None):
     schedule = torch.optim.lr_scheduler.StepLR(optimizer, 2, gamma=0.5)
     losses = []
@@ -576,9 +537,10 @@ def test_training_under_a_budget_gives_the_all_resident_losses(uvm, in_backward,
     model = make_model(width=1024)
     budget = 24 * MiB                                     # weights alone take 32 MiB
     before = uvm.residency_stats()
+    replaced = list(model.parameters())                   # what offload replaces
     handle = uvm.offload(model, budget=budget)
     with pytest.raises(ValueError, match="create the optimizer after"):
-        handle.stream_optimizer(torch.optim.AdamW(make_model(layers=1).parameters()))
+        handle.stream_optimizer(torch.optim.AdamW(replaced))
     optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3,
                                                           fused=fused),
                                         step_in_backward=in_backward)
@@ -918,12 +880,6 @@ def test_evict_lets_everything_not_in_use_leave(uvm, budget):
     uvm.evict()
     assert uvm.residency_stats()["resident_bytes.current"] == 0
     assert ref() is None                                  # torch_uvm let go of it
-    with torch.no_grad():                                 # planned for inference ...
-        h = uvm.offload(make_model(layers=2))
-        h.module(torch.randn(16, 2048, device="cuda"))
-    with pytest.raises(ValueError, match="planned for inference"):   # ... not for training
-        h.stream_optimizer(torch.optim.SGD(h.module.parameters(), lr=0.1))
-    h.undo()
 
 
 def test_a_gradient_read_right_after_it_went_home_is_the_gradient(uvm):

@@ -1,0 +1,461 @@
+"""Offloaded training in the loops users write: an evaluation first,
+frozen parts, parameters unfrozen between steps, submodules that run in one
+step and not the next, a closure, loaded optimizer states, parameters that
+are not offloaded, and the errors each refuses up front. Every loop runs
+twice, all resident and offloaded, and the losses and weights must agree bit
+for bit; memory claims are checked by the driver (where each tensor is)."""
+import io
+
+import pytest
+import torch
+
+from conftest import gpu, memory_type, where
+from offload_helpers import make_model, undo_leftover_offloads
+
+pytestmark = gpu
+MiB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_streamed():
+    yield
+    if torch.cuda.is_available():
+        undo_leftover_offloads()
+        torch.cuda.synchronize()
+
+
+def data(steps, rows=64, width=1024, seed=1):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(rows, width, device="cuda", generator=g) for _ in range(steps)]
+
+
+def train(model, optimizer, batches, evaluate=None):
+    """The plain loop: forward, backward, step, zero_grad; `evaluate(model)`
+    before, between and after the steps when given. Returns the losses and
+    what each evaluation gave."""
+    losses, seen = [], []
+    for x in batches:
+        if evaluate is not None:
+            seen.append(evaluate(model))
+        loss = model(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    if evaluate is not None:
+        seen.append(evaluate(model))
+    return losses, seen
+
+
+def both(uvm, build, loop, budget, make_optimizer=None, in_backward=False):
+    """`loop(model, optimizer)` on `build()` all resident, then offloaded
+    under `budget` with a streamed optimizer: their results and weights must
+    be equal bit for bit, and the share's books within the budget. Returns
+    the handle (not undone: the caller looks, the fixture undoes)."""
+    make_optimizer = make_optimizer or (lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3))
+    reference = build().cuda()
+    want = loop(reference, make_optimizer(reference))
+    model = build()
+    handle = uvm.offload(model, budget=budget)
+    optimizer = handle.stream_optimizer(make_optimizer(model), step_in_backward=in_backward)
+    got = loop(model, optimizer)
+    torch.cuda.synchronize()
+    assert equal(got, want)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.equal(p, q), name
+    assert handle.residency_stats()["resident_bytes.peak"] <= budget
+    return handle
+
+
+def equal(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+in_backward = pytest.mark.parametrize("in_backward", [False, True],
+                                      ids=["step_after", "step_in_backward"])
+
+
+@in_backward
+@pytest.mark.parametrize("how", ["no_grad", "inference_mode", "eval_with_grad"])
+def test_an_evaluation_first_then_training_gives_the_all_resident_losses(uvm, in_backward, how):
+    """Lightning's sanity check, or a user's evaluate() before train(): the
+    first forward plans for inference; the first that builds a graph plans
+    again for training (a resident prefix: backward ends there)."""
+    batches = data(3)
+    probe = torch.randn(8, 1024, device="cuda")
+
+    def evaluate(model):
+        model.eval()
+        if how == "no_grad":
+            with torch.no_grad():
+                out = model(probe)
+        elif how == "inference_mode":
+            with torch.inference_mode():
+                out = model(probe).clone()
+        else:                         # eval() alone: a graph is built, never used
+            out = model(probe).detach()
+        model.train()
+        return out
+
+    handle = both(uvm, lambda: make_model(width=1024), lambda m, o: train(m, o, batches, evaluate),
+                  budget=24 * MiB, in_backward=in_backward)
+    assert handle.training and handle.mode == "prefetch"
+    order, resident = handle.units_in_order(), handle.resident_units()
+    assert order[:len(resident)] == resident
+
+
+class Experts(torch.nn.Module):
+    """A mixture of experts whose routing picks another expert each call."""
+
+    def __init__(self, experts=8, width=1024):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = torch.nn.Linear(width, width)
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(width, width)
+                                           for _ in range(experts))
+        self.out = torch.nn.Linear(width, width)
+        self.calls = 0
+
+    def forward(self, x):
+        expert = self.experts[(3 * self.calls) % len(self.experts)]
+        self.calls += 1
+        return self.out(torch.relu(expert(self.inp(x))))
+
+
+@in_backward
+def test_experts_not_routed_to_let_go_of_what_was_brought_for_them(uvm, in_backward):
+    batches = data(6)
+    handle = both(uvm, Experts, lambda m, o: train(m, o, batches), budget=24 * MiB,
+                  in_backward=in_backward)
+    # between steps nothing streamed is held: what a pass brought ahead for
+    # an expert it then skipped was let go
+    assert handle.executor.holders().startswith("no streamed unit")
+
+
+def test_inference_with_routing_that_changes_each_pass_stays_within_its_budget(uvm):
+    x = torch.randn(16, 1024, device="cuda")
+    reference = Experts().cuda()
+    with torch.no_grad():
+        want = [reference(x) for _ in range(24)]
+    model = Experts()
+    handle = uvm.offload(model, budget=16 * MiB, mode="prefetch")
+    got, staged = [], []
+    with torch.no_grad():
+        for _ in range(24):
+            got.append(model(x))
+            staged.append(len(handle.executor.staged()))
+    torch.cuda.synchronize()
+    assert equal(got, want)
+    assert handle.residency_stats()["resident_bytes.peak"] <= 16 * MiB
+    # what a pass brought ahead and then skipped does not pile up: only what
+    # the last unit brought for the next pass (ahead = 1: one expert's bytes)
+    assert max(staged) <= 1
+
+
+class TwoWays(torch.nn.Module):
+    """A unit with two weights of its own, one used each step: its
+    gradients never all arrive, so its backward never completes."""
+
+    def __init__(self, width=1024):
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.randn(width, width) / width ** 0.5)
+        self.b = torch.nn.Parameter(torch.randn(width, width) / width ** 0.5)
+        self.calls = 0
+
+    def forward(self, x):
+        w = self.a if self.calls % 2 == 0 else self.b
+        self.calls += 1
+        return torch.tanh(x @ w)
+
+
+def test_units_whose_gradients_never_all_arrive_let_go_when_a_bring_needs_room(uvm):
+    """12 such units of 8 MiB under 48 MiB: each stays held after its
+    backward, until a bring that must happen finds the budget held and they
+    let go (their weights are read where they are, if they leave)."""
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*[TwoWays() for _ in range(12)])
+    batches = data(4)
+    both(uvm, build, lambda m, o: train(m, o, batches), budget=48 * MiB)
+
+
+class Adapted(torch.nn.Module):
+    """A frozen base and a small trainable adapter, as a hand-written LoRA."""
+
+    def __init__(self, width=1024, rank=8):
+        super().__init__()
+        self.base = torch.nn.Linear(width, width).requires_grad_(False)
+        self.down = torch.nn.Linear(width, rank, bias=False)
+        self.up = torch.nn.Linear(rank, width, bias=False)
+
+    def forward(self, x):
+        return torch.relu(self.base(x) + self.up(self.down(x)))
+
+
+def adapted(blocks=16):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[Adapted() for _ in range(blocks)])
+
+
+@in_backward
+def test_a_frozen_base_trains_in_a_budget_near_its_inference_budget(uvm, in_backward):
+    """16 frozen 4 MiB bases with adapters of 32 KiB each: a step brings an
+    adapter, so 12 MiB (two bases streaming, and room for an adapter's
+    step) trains it, where room for a base's gradients and states would
+    take 20."""
+    batches = data(3)
+    both(uvm, adapted, lambda m, o: train(m, o, batches), budget=12 * MiB,
+         in_backward=in_backward)
+
+
+def test_a_frozen_base_keeps_more_of_itself_resident(uvm):
+    """Under 48 MiB, the room a step needs is an adapter's, not a base's:
+    about nine bases stay resident (in the driver's words: in device memory
+    between steps), where room for a base's step would leave four."""
+    batches = data(2)
+    handle = both(uvm, adapted, lambda m, o: train(m, o, batches), budget=48 * MiB)
+    resident = [u for u in handle.resident_units() if u.name.endswith("base")]
+    assert len(resident) >= 8
+    assert all(where(u.module.weight) == "gpu" for u in resident)    # by the driver
+    assert handle.least_budget() < 9 * MiB
+
+
+def test_parameters_unfrozen_between_steps_train_from_then_on(uvm):
+    """Progressive unfreezing: the last layer trains first, one more every
+    two steps (an optimizer over all of them, made up front)."""
+    def loop(model, optimizer):
+        layers = list(model)
+        for layer in layers[:-1]:
+            layer.requires_grad_(False)
+        losses = []
+        for i, x in enumerate(data(8)):
+            if i and i % 2 == 0:
+                layers[-1 - i // 2].requires_grad_(True)
+            loss = model(x).square().mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        return losses
+    both(uvm, lambda: make_model(width=1024), loop, budget=24 * MiB)
+
+
+def test_a_discriminator_frozen_for_the_generators_step_and_back(uvm):
+    """A GAN's loop: two offloads, two streamed optimizers, the
+    discriminator frozen while the generator steps."""
+    def build():
+        torch.manual_seed(0)
+        return make_model(layers=4, width=1024), make_model(layers=4, width=1024)
+
+    def loop(g, d, opt_g, opt_d):
+        losses = []
+        for z in data(4):
+            fake = g(z)
+            loss_d = d(fake.detach()).mean() - d(z).mean()
+            loss_d.backward()
+            opt_d.step()
+            opt_d.zero_grad()
+            d.requires_grad_(False)
+            loss_g = -d(g(z)).mean()
+            loss_g.backward()
+            opt_g.step()
+            opt_g.zero_grad()
+            d.requires_grad_(True)
+            losses += [loss_d.item(), loss_g.item()]
+        return losses
+    g, d = (m.cuda() for m in build())
+    want = loop(g, d, torch.optim.AdamW(g.parameters()), torch.optim.AdamW(d.parameters()))
+    g2, d2 = build()
+    hg, hd = uvm.offload(g2, budget=24 * MiB), uvm.offload(d2, budget=24 * MiB)
+    opt_g, opt_d = hg.stream_optimizer(torch.optim.AdamW(g2.parameters())), \
+        hd.stream_optimizer(torch.optim.AdamW(d2.parameters()))
+    got = loop(g2, d2, opt_g, opt_d)
+    assert got == want
+    for p, q in zip(list(g2.parameters()) + list(d2.parameters()),
+                    list(g.parameters()) + list(d.parameters())):
+        assert torch.equal(p, q)
+
+
+@in_backward
+def test_step_runs_the_closure_and_returns_its_loss(uvm, in_backward):
+    """Lightning's automatic optimization: optimizer.step(closure)."""
+    def loop(model, optimizer):
+        losses = []
+        for x in data(3):
+            def closure():
+                optimizer.zero_grad()
+                loss = model(x).square().mean()
+                loss.backward()
+                return loss
+            losses.append(optimizer.step(closure).item())
+        return losses
+    both(uvm, lambda: make_model(width=1024), loop, budget=24 * MiB, in_backward=in_backward)
+
+
+def test_a_closure_that_raises_steps_nothing_and_says_so(uvm):
+    model = make_model(width=1024)
+    handle = uvm.offload(model, budget=24 * MiB)
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters()))
+    before = [p.detach().cpu() for p in model.parameters()]
+
+    def closure():
+        model(data(1)[0]).square().mean().backward()
+        raise KeyError("the user's")
+    with pytest.raises((KeyError, RuntimeError)) as e:
+        optimizer.step(closure)
+    assert "closure raised" in "".join(getattr(e.value, "__notes__", [])) + str(e.value)
+    assert all(torch.equal(p.detach().cpu(), q) for p, q in zip(model.parameters(), before))
+    optimizer.zero_grad()
+    train(model, optimizer, data(1))           # and training goes on
+
+
+def test_loaded_optimizer_states_go_to_their_homes(uvm):
+    """A checkpoint's states, loaded into a streamed optimizer, go to pinned
+    homes (load_state_dict would cast them all to the GPU at once), and
+    training resumes where it stopped, as all resident."""
+    batches = data(4)
+
+    def loop(model, optimizer):
+        first, _ = train(model, optimizer, batches[:2])
+        saved = io.BytesIO()
+        torch.save(optimizer.state_dict(), saved)
+        saved.seek(0)
+        fresh = type(optimizer)(model.parameters(), lr=1e-3)
+        if hasattr(model, "_torch_uvm_offloaded"):
+            fresh = model._torch_uvm_offloaded.stream_optimizer(fresh)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            allocated = torch.cuda.memory_allocated()
+        fresh.load_state_dict(torch.load(saved, map_location="cpu"))
+        if hasattr(model, "_torch_uvm_offloaded"):
+            states = [t for st in fresh.state.values() for t in st.values()
+                      if isinstance(t, torch.Tensor) and t.nbytes >= 64 << 10]
+            assert len(states) == 16 and all(memory_type(t) == "host" for t in states)
+            # no state passed through the GPU: at most one layer's at a time
+            assert torch.cuda.max_memory_allocated() - allocated <= 8 * MiB
+        second, _ = train(model, fresh, batches[2:])
+        return first + second
+    both(uvm, lambda: make_model(width=1024), loop, budget=24 * MiB)
+
+
+def test_parameters_that_are_not_offloaded_step_as_they_are(uvm):
+    """An optimizer over the whole model where only its body is offloaded
+    (the head stays on the GPU as it is)."""
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(make_model(layers=6, width=1024), torch.nn.Linear(1024, 16))
+    batches = data(3)
+    reference = build().cuda()
+    want = train(reference, torch.optim.AdamW(reference.parameters()), batches)
+    model = build()
+    model[1].cuda()
+    handle = uvm.offload(model[0], budget=24 * MiB)
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters()))
+    assert train(model, optimizer, batches) == want
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_a_new_input_shape_each_step(uvm):
+    def loop(model, optimizer):
+        g = torch.Generator(device="cuda").manual_seed(3)
+        return train(model, optimizer, [torch.randn(rows, 1024, device="cuda", generator=g)
+                                        for rows in (64, 7, 256, 1, 128)])
+    both(uvm, lambda: make_model(width=1024), loop, budget=24 * MiB)
+
+
+def test_mode_reads_auto_until_the_first_forward_chooses(uvm):
+    model = make_model(width=1024)
+    handle = uvm.offload(model, budget=24 * MiB)
+    seen = []
+    model[3].register_forward_pre_hook(lambda *_: seen.append(handle.mode))
+    assert handle.mode == "auto"
+    with torch.no_grad():
+        model(torch.randn(4, 1024, device="cuda"))
+    assert seen == ["auto"] and handle.mode in ("in_place", "prefetch")
+
+
+def test_bad_optimizers_are_refused_before_anything_changes(uvm):
+    torch.manual_seed(0)
+    g, d = make_model(layers=2, width=1024), make_model(layers=2, width=1024)
+    originals = list(g.parameters())
+    hg = uvm.offload(g, budget=24 * MiB)
+    uvm.offload(d, budget=24 * MiB)
+    for optimizer, error in [
+            (torch.optim.AdamW(list(g.parameters()) + list(d.parameters())), "another offloaded"),
+            (torch.optim.AdamW(originals), "create the optimizer after"),
+            (torch.optim.LBFGS(g.parameters()), "LBFGS cannot be streamed")]:
+        with pytest.raises(ValueError, match=error):
+            hg.stream_optimizer(optimizer)
+        assert "step" not in optimizer.__dict__          # nothing changed
+    optimizer = hg.stream_optimizer(torch.optim.AdamW(g.parameters()))
+    with pytest.raises(ValueError, match="streamed by this offload already"):
+        hg.stream_optimizer(optimizer)
+    # another offload's parameters added after streaming: refused at the step
+    optimizer.add_param_group({"params": list(d.parameters())})
+    g(torch.randn(4, 1024, device="cuda")).sum().backward()
+    before = [p.detach().cpu() for p in g.parameters()]
+    with pytest.raises(ValueError, match="another offloaded"):
+        optimizer.step()
+    assert all(torch.equal(p.detach().cpu(), q) for p, q in zip(g.parameters(), before))
+
+
+def test_a_budget_below_the_smallest_step_is_refused_naming_it(uvm):
+    model = make_model(width=1024)                        # 4 MiB layers: 5 x 4 to train
+    handle = uvm.offload(model, budget=16 * MiB)
+    with pytest.raises(ValueError, match=r"at least 20\d{6} bytes \(20 MiB\)"):
+        handle.stream_optimizer(torch.optim.AdamW(model.parameters()))
+    assert handle.least_budget() == 20 * MiB + 5 * 4096    # its biases too
+    handle.undo()
+    handle = uvm.offload(model, budget=handle.least_budget())
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters()))
+    train(model, optimizer, data(2))
+
+
+def test_an_arena_holds_many_small_tensors_at_its_rounding(uvm):
+    """4100 tensors of 260 bytes: 1.0 MiB of weights, but 2.0 MiB as the
+    arena's 512-byte blocks: an arena sized by the weights' bytes would draw
+    the last ones beside it."""
+    class Many(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ps = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(65))
+                                             for _ in range(4100))
+
+        def forward(self, x):
+            return x + sum(p.sum() for p in self.ps)
+    model = Many()
+    uvm.reset_peak_memory_stats()
+    before = uvm.memory_stats().get("slots.cuda:0.arena_misses", 0)
+    handle = uvm.offload(model, budget=64 * MiB, mode="prefetch")
+    with torch.no_grad():
+        model(torch.zeros(1, device="cuda"))
+        model(torch.zeros(1, device="cuda"))
+    torch.cuda.synchronize()
+    assert len(handle.resident_units()) == len(handle.units)
+    assert uvm.memory_stats()["slots.cuda:0.arena_misses"] == before
+
+
+def test_moving_an_offloaded_module_to_the_cpu_undoes_the_offload(uvm):
+    """Lightning's teardown moves the module to the CPU: the offload is
+    undone first (its values kept); conversions it cannot do in place are
+    refused by name; moves that change nothing pass."""
+    model = make_model(width=1024)
+    handle = uvm.offload(model, budget=24 * MiB)
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters()))
+    train(model, optimizer, data(2))
+    want = [p.detach().cpu() for p in model.parameters()]
+    model.cuda()
+    model.to("cuda")
+    assert model._torch_uvm_offloaded is handle
+    with pytest.raises(RuntimeError, match="undo\\(\\) the offload, convert"):
+        model.half()
+    model.cpu()
+    assert getattr(model, "_torch_uvm_offloaded", None) is None
+    assert all(p.device.type == "cpu" and torch.equal(p, q) for p, q in zip(model.parameters(), want))
+    assert handle.residency_stats()["resident_bytes.peak"] <= 24 * MiB   # as when undone
+    handle.undo()                                         # once is enough
