@@ -346,9 +346,9 @@ def main():
         survived = run_all(chosen, args.out, rows)
     finally:   # whatever happened, what was built is built from the source again
         restored = build(core=args.core)
-    print("\n| mutant | outcome |\n|---|---|")
-    for name, outcome, _ in rows:
-        print(f"| {name} | {outcome} |")
+    print("\n| mutant | the tests that must kill it | outcome |\n|---|---|---|")
+    for name, outcome, _, tests in rows:
+        print(f"| {name} | {', '.join(t.split('::')[-1] for t in tests)} | {outcome} |")
     print(f"\n{len(rows) - survived} of {len(rows)} killed; rebuilt from the original "
           f"source: rc={restored.returncode}")
     return 1 if survived or restored.returncode else 0
@@ -360,7 +360,7 @@ def run_all(chosen, out, rows):
         full = os.path.join(ROOT, path)
         original = open(full).read()
         if original.count(text) != 1:
-            rows.append((name, "text not found once: fix the mutant", 0))
+            rows.append((name, "text not found once: fix the mutant", 0, tests))
             survived += 1
             continue
         # a killed run leaves the mutant on disk: `git checkout -- <file>` undoes it
@@ -377,7 +377,7 @@ def run_all(chosen, out, rows):
         finally:
             open(full, "w").write(original)
         survived += outcome != "killed"
-        rows.append((name, outcome, time.time() - t0))
+        rows.append((name, outcome, time.time() - t0, tests))
         print(f"{outcome:>10}  {name}  ({time.time() - t0:.0f} s)", flush=True)
         if out:
             slug = "".join(c if c.isalnum() else "_" for c in name)[:60]
