@@ -173,17 +173,20 @@ class Offloaded:
     def _begin(self, args, kwargs) -> None:
         """Before each forward; before the first, choose how its weights
         stream. A forward that builds a graph follows requires_grad (what
-        is trainable now), and plans again for training where the plan was
-        for inference (an evaluation ran first) or made no room for a step
-        as large as the trainable parts now need (parameters unfrozen)."""
+        is trainable now), and, once an optimizer is streamed, plans again
+        for training where the plan was for inference (an evaluation ran
+        first) or made no room for a step as large as the trainable parts
+        now need (parameters unfrozen). A forward without an optimizer
+        (inference without no_grad) keeps its plan."""
         training = torch.is_grad_enabled()
         if training:
             offload_training.follow_trainable(self)
         executor = self.executor
         if executor is not None:
+            offload_training.end_failed_backward(self)
             executor.end_pass()   # what an interrupted pass left held
-            if training and (not self.training or
-                             executor.largest_trainable() > self._planned_step):
+            if training and self._optimizers and (
+                    not self.training or executor.largest_trainable() > self._planned_step):
                 self._plan_for_training()
             return
         self.training = training
@@ -347,14 +350,14 @@ def _guard_conversions(handle: Offloaded, unit: _Unit) -> None:
     def _apply(fn, *args, **kwargs):
         if probe_of is not None and getattr(handle.module, "_torch_uvm_offloaded", None) is handle:
             probe = fn(torch.empty(0, device=probe_of.device, dtype=probe_of.dtype))
-            if probe.dtype != probe_of.dtype or probe.device.type == "cuda" and \
-                    probe.device != probe_of.device:
-                raise RuntimeError(
-                    f"torch_uvm: '{unit.name}' is offloaded to {handle.device} as "
-                    f"{probe_of.dtype}; converting it to {probe.device} as {probe.dtype} is not "
-                    "done in place. undo() the offload, convert the module, and offload it again")
-            if probe.device != probe_of.device:
+            if probe.device.type == "cpu" and probe.dtype == probe_of.dtype:
                 handle.undo()      # to the CPU: the module's own tensors again
+            elif any(fn(t) is not t for t in unit.targets):   # (a move that changes nothing
+                raise RuntimeError(                            # returns the tensor itself)
+                    f"torch_uvm: '{unit.name}' is offloaded to {handle.device} as "
+                    f"{probe_of.dtype}; converting it (to {probe.device} as {probe.dtype}, or "
+                    "to another memory format) is not done in place. undo() the offload, "
+                    "convert the module, and offload it again")
         return own(fn, *args, **kwargs)
     unit.module._apply = _apply
 

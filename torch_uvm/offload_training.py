@@ -189,6 +189,20 @@ def _end_backward(ref: "weakref.ref[Offloaded]") -> None:
     handle = ref()
     if handle is None or handle.executor is None:
         return
+    finish_backward(handle)
+
+
+def end_failed_backward(handle: "Offloaded") -> None:
+    """A backward that raised half-way never reached its end (autograd runs
+    no queued callback then): before the next forward, outside any
+    backward, it ends now."""
+    if handle._backward.active and torch._C._current_graph_task_id() == -1:
+        finish_backward(handle)
+
+
+def finish_backward(handle: "Offloaded") -> None:
+    """The end of a backward: the compute stream waits for the steps in
+    backward, gradients that came only in part go home, holds end."""
     state = handle._backward
     state.active = False
     state.frozen_running.clear()
@@ -293,6 +307,7 @@ def run_closure(handle: "Offloaded", closure):
             u.stepped = False
         handle._backward.stepped_since_step = False
         if handle.executor is not None:
+            end_failed_backward(handle)
             handle.executor.end_pass()
         note = ("torch_uvm: the optimizer's closure raised, so step() stepped nothing"
                 + (f"; {len(stepped)} submodule(s) had stepped in its backward "
@@ -408,6 +423,7 @@ def step(handle: "Offloaded", optimizer: torch.optim.Optimizer, original_step,
         if plain:
             _own_step(optimizer, original_step, plain, kwargs)
         return
+    end_failed_backward(handle)
     handle.executor.step_begins()     # the gradients as the compute stream left them
     stepped: List[str] = []
     try:

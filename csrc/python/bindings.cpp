@@ -231,6 +231,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("largest_trainable", &StreamExecutor::largest_trainable)
       .def("holders", &StreamExecutor::holders)
       .def("staged", &StreamExecutor::staged)
+      .def("streamed_tensors", &StreamExecutor::streamed_tensors)
       .def("bytes_on_gpu", &StreamExecutor::bytes_on_gpu);
   m.attr("SMALLEST_STREAMED_STATE") = StreamExecutor::kSmallestStreamed;
   // How streamed bytes cross the link (streamed_tensor.h): "copy_engine" or

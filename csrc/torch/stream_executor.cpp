@@ -207,12 +207,12 @@ void StreamExecutor::make_room(std::size_t extra) {
 // optimizer's first states) is not drawn by a bring: room is made for it
 // just before the work that makes it, so the books never pass the budget
 // when it is adopted.
-void StreamExecutor::room_for(std::size_t bytes) {
+void StreamExecutor::room_for(std::size_t bytes, int keep) {
   if (bytes == 0) return;
   reap_homes();
   carry_out(budget_.make_room(device_.index(), share_, bytes));
   const ResidencyStats s = budget_.share_stats(share_);
-  if (s.resident_bytes + bytes > s.limit && let_go_of_what_can_wait()) {
+  if (s.resident_bytes + bytes > s.limit && let_go_of_what_can_wait(keep)) {
     carry_out(budget_.make_room(device_.index(), share_, bytes));
   }
   make_room(bytes);
@@ -352,11 +352,11 @@ std::vector<EvictionStep> StreamExecutor::admit(int id, bool required) {
   }
 }
 
-bool StreamExecutor::let_go_of_what_can_wait() {
+bool StreamExecutor::let_go_of_what_can_wait(int keep) {
   bool any = !staged_.empty();
   while (!staged_.empty()) unstage(units_[staged_.back()]);
   for (Unit& u : units_) {
-    if (!u.held || !u.running_backward) continue;
+    if (!u.held || !u.running_backward || &u - units_.data() == keep) continue;
     u.held = false;
     for (int id : u.tensors) release(id);
     any = true;
@@ -434,12 +434,9 @@ void StreamExecutor::set_training(bool training) {
 void StreamExecutor::set_trainable(int unit, const std::vector<at::Tensor>& trainable) {
   Unit& u = units_.at(unit);
   std::vector<int> grads;
-  for (const at::Tensor& p : trainable) {
-    int gid = -1;
-    for (std::size_t k = 0; k < u.trainable.size(); ++k) {
-      if (u.trainable[k].unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) gid = u.grads[k];
-    }
-    grads.push_back(gid);
+  for (const at::Tensor& p : trainable) {  // frozen and unfrozen again: its gradient's home
+    const auto it = u.grad_ids.find(p.unsafeGetTensorImpl());
+    grads.push_back(it == u.grad_ids.end() ? -1 : it->second);
   }
   u.trainable = trainable;
   u.grads = std::move(grads);
@@ -507,8 +504,10 @@ void StreamExecutor::before(int unit, bool backward) {
   u.held = true;
   wait_ready(u.tensors);
   note_use(u.tensors);
-  if (planned_) stage_next(unit, backward);
-  if (backward) room_for(new_grad_bytes(u));
+  // (a forward recomputed inside a backward, activation checkpointing, runs
+  // units the backward already passed: nothing to bring ahead of it)
+  if (planned_ && (backward || !in_backward_)) stage_next(unit, backward);
+  if (backward) room_for(new_grad_bytes(u), unit);
 }
 
 std::size_t StreamExecutor::new_grad_bytes(const Unit& u) const {
@@ -622,6 +621,7 @@ void StreamExecutor::grads_ready(int unit, bool send_home) {
     int& gid = u.grads[k];
     if (gid < 0) {
       gid = add_entry(g, StreamedTensor::Memory::kSlot, u.name + ".grad");
+      u.grad_ids[u.trainable[k].unsafeGetTensorImpl()] = gid;
       reap_homes();
       carry_out(budget_.admit(device_.index(), key(gid), g.nbytes(), true, share_, false));
     } else {

@@ -137,6 +137,8 @@ class StreamExecutor {
   std::string holders() const;
   // The units brought ahead that have not run yet.
   const std::vector<int>& staged() const { return staged_; }
+  // How many tensors it streams (weights, and gradients and states it took).
+  std::size_t streamed_tensors() const { return entries_.size(); }
   int units() const { return static_cast<int>(units_.size()); }
   std::size_t unit_bytes(int unit) const;
 
@@ -155,6 +157,9 @@ class StreamExecutor {
     std::vector<int> tensors;
     std::vector<at::Tensor> trainable;
     std::vector<int> grads;  // per trainable parameter, -1 until it had one
+    // every parameter whose gradient it streamed -> that gradient's entry
+    // (kept while the parameter is frozen: unfrozen, it has its home again)
+    std::unordered_map<const c10::TensorImpl*, int> grad_ids;
     bool resident = false;
     std::size_t stream_bytes = 0;  // what it brings when it streams (after plan)
     bool staged = false;     // brought ahead, not yet run: holds its tensors
@@ -210,8 +215,9 @@ class StreamExecutor {
   // For a bring that must happen now and finds the budget held: units
   // brought ahead, and units whose backward is under way (if their weights
   // leave, their kernels read them in place in their home: weights are
-  // not written in backward), stop holding. Returns whether any did.
-  bool let_go_of_what_can_wait();
+  // not written in backward), stop holding, but `keep` (the unit asking).
+  // Returns whether any did.
+  bool let_go_of_what_can_wait(int keep = -1);
   // Admits `id` (the budget's evictions to carry out); `required`: when the
   // budget is held, lets go of what can wait and tries once more, and names
   // who holds it if it still does not fit.
@@ -259,7 +265,8 @@ class StreamExecutor {
   // before drawing a slot: waits while they hold the share over its
   // budget, with `extra` bytes more
   void make_room(std::size_t extra = 0);
-  void room_for(std::size_t bytes);  // before work that makes `bytes` on the GPU
+  // Before work that makes `bytes` on the GPU (for unit `keep`'s backward).
+  void room_for(std::size_t bytes, int keep = -1);
   // Where brought slots come from: one range the size of the budget, or of
   // all the share could hold if that is less (slot_memory.h), drawn at the
   // first bring and let go with evict_all.

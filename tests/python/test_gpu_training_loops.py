@@ -459,3 +459,86 @@ def test_moving_an_offloaded_module_to_the_cpu_undoes_the_offload(uvm):
     assert all(p.device.type == "cpu" and torch.equal(p, q) for p, q in zip(model.parameters(), want))
     assert handle.residency_stats()["resident_bytes.peak"] <= 24 * MiB   # as when undone
     handle.undo()                                         # once is enough
+
+
+def test_freezing_and_unfreezing_every_step_reuses_each_gradients_home(uvm):
+    """A GAN freezes its discriminator for every generator step: each
+    parameter's gradient keeps its one streamed tensor (and pinned home)
+    across the toggles, instead of a new one each time."""
+    model = make_model(layers=4, width=1024)
+    handle = uvm.offload(model, budget=24 * MiB)
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters()))
+    counts = []
+    for i, x in enumerate(data(8)):
+        model.requires_grad_(i % 2 == 0)
+        loss = model(x).square().mean() if i % 2 == 0 else (model(x).detach() * 0).sum()
+        if i % 2 == 0:
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        counts.append(handle.executor.streamed_tensors())
+    assert counts[2:] == [counts[2]] * (len(counts) - 2)
+
+
+def test_a_backward_that_raises_half_way_is_ended_before_the_next_forward(uvm):
+    """Autograd runs no queued callback when a backward raises: the next
+    forward ends it (the steps in backward waited for, nothing held), and
+    training goes on."""
+    model = make_model(width=1024)
+    handle = uvm.offload(model, budget=24 * MiB)
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters()),
+                                        step_in_backward=True)
+    train(model, optimizer, data(1))
+    out = model(data(1)[0])
+    out.register_hook(lambda g: (_ for _ in ()).throw(KeyError("a hook that fails")))
+    with pytest.raises(KeyError):
+        (out * 2).square().mean().backward()
+    assert handle._backward.active                        # autograd left it so
+    with torch.no_grad():
+        model(data(1)[0])
+    assert not handle._backward.active
+    optimizer.zero_grad()
+    train(model, optimizer, data(2))
+    assert handle.executor.holders().startswith("no streamed unit")
+
+
+def test_a_forward_with_grad_and_no_optimizer_keeps_an_inference_plan(uvm):
+    """Inference without no_grad (no optimizer streamed): the plan made for
+    inference stays, even under a budget too small to train."""
+    model = make_model(width=1024)
+    handle = uvm.offload(model, budget=12 * MiB)          # training would need 20
+    x = torch.randn(4, 1024, device="cuda")
+    with torch.no_grad():
+        want = model(x)
+    got = model(x)
+    assert torch.equal(got, want) and not handle.training
+
+
+def test_a_memory_format_change_of_an_offloaded_module_is_refused(uvm):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3), torch.nn.Conv2d(64, 64, 3))
+    handle = uvm.offload(model, budget=64 * MiB)
+    with pytest.raises(RuntimeError, match="another memory format"):
+        model.to(memory_format=torch.channels_last)
+    assert model._torch_uvm_offloaded is handle
+
+
+@in_backward
+def test_activation_checkpointing_gives_the_all_resident_losses(uvm, in_backward):
+    """Blocks recomputed in backward (non-reentrant checkpointing): the
+    recomputed forwards bring nothing ahead, and nothing stays held."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = make_model(width=1024)
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = checkpoint(layer, x, use_reentrant=False)
+            return x
+    batches = data(3)
+    handle = both(uvm, Checkpointed, lambda m, o: train(m, o, batches), budget=24 * MiB,
+                  in_backward=in_backward)
+    assert handle.executor.holders().startswith("no streamed unit")
