@@ -33,8 +33,9 @@ PLAN = {
     "train": ["torch", "torch_uvm", "raw_managed", "rmm"],
     # torch_uvm as shipped (prefetch issued by a worker thread), and on the
     # caller's thread (the first version, and the naive advise+prefetch).
-    # Pieces issued one after another (prefetch_chunk_mb:16/64, run D) or by
-    # 2 and 4 threads at once (run F) were slower: see results/.
+    # Pieces issued one after another (prefetch_chunk_mb:16/64) or by 2 and 4
+    # threads at once were slower (H100, 2026-11-22; the results file that
+    # commit 2fcb90c added).
     "moves_to_gpu": ["torch", "torch_uvm", "torch_uvm:async_prefetch:false"],
     "moves_to_cpu": ["torch", "torch_uvm"],
     # copies between GPU and CPU tensors: pinned/pageable (UVM off) against

@@ -15,7 +15,8 @@
 // PyTorch's own allocator, which slots came from before, makes each cudaMalloc
 // a segment of its own and never coalesces across them. With slots of mixed
 // sizes (GPT-2's 16, 48 and 64 MiB weights) its reserved memory ran 20% over
-// what it had allocated, and the books (benchmarks/results/*-s16-*).
+// what it had allocated, and the books
+// (benchmarks/results/2026-11-24-h100/*-before-arena.log).
 //
 // Reuse is stream-ordered, as PyTorch's: the range belongs to one stream (the
 // executor's bring stream, which fills every slot). A block freed is reused

@@ -42,7 +42,7 @@ constexpr PoolId kDefaultPool{0, 0};
 // written on a GPU. A managed range whose preferred location is the CPU is
 // copied by the driver like host memory under kAny: 3 GB/s after it was
 // prefetched to the GPU, against HBM speed as device to device (measured on
-// an H100, benchmarks/results/*-s6-*.md).
+// an H100, benchmarks/results/2026-11-23-h100/run-before-copykind-fix.md).
 enum class CopyKind { kAny, kDeviceToDevice };
 
 // The hints of cudaMemAdvise / hipMemAdvise.
