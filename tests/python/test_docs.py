@@ -36,3 +36,63 @@ def test_every_python_block_compiles(page):
     text = open(os.path.join(ROOT, page)).read()
     for i, block in enumerate(re.findall(r"```python\n(.*?)```", text, re.S)):
         compile(textwrap.dedent(block), f"{page}, Python block {i + 1}", "exec")
+
+
+def _slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped,
+    spaces to hyphens."""
+    text = re.sub(r"[`*]|\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip()).lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(path: str) -> set:
+    text = re.sub(r"```.*?```", "", open(path).read(), flags=re.S)   # no headings in code
+    return {_slug(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+@pytest.mark.parametrize("page", pages())
+def test_every_link_to_a_section_finds_it(page):
+    text = open(os.path.join(ROOT, page)).read()
+    missing = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target) or "#" not in target:
+            continue
+        file, anchor = target.split("#", 1)
+        path = os.path.normpath(os.path.join(ROOT, os.path.dirname(page), file)) if file \
+            else os.path.join(ROOT, page)
+        if path.endswith(".md") and os.path.isfile(path) and anchor not in _anchors(path):
+            missing.append(target)
+    assert not missing, f"{page} links to sections that are not there: {missing}"
+
+
+EXAMPLES = os.path.join(ROOT, "examples")
+# Pages that are not how-to pages: the index, the reference, the why.
+NOT_HOW_TO = {"guide.md", "api.md", "errors.md", "design.md", "development.md"}
+
+
+@pytest.mark.parametrize("page", sorted(f for f in os.listdir(os.path.join(ROOT, "docs"))
+                                        if f.endswith(".md") and f not in NOT_HOW_TO))
+def test_each_how_to_page_has_a_runnable_example(page):
+    text = open(os.path.join(ROOT, "docs", page)).read()
+    examples = re.findall(r"\]\(\.\./(examples/[^)\s#]+)\)", text)
+    assert examples, f"docs/{page} links no example under examples/"
+
+
+def test_each_example_is_shown_by_a_page():
+    linked = set()
+    for page in pages():
+        linked |= {os.path.normpath(os.path.join(os.path.dirname(page), t))
+                   for t in re.findall(r"\]\(([^)\s#]+)\)", open(os.path.join(ROOT, page)).read())}
+    scripts = sorted(f"examples/{f}" for f in os.listdir(EXAMPLES)
+                     if f.endswith(".py") and not f.startswith("_") and f != "demo.py")
+    unlinked = [s for s in scripts if s not in linked]
+    assert not unlinked, f"examples no page of docs/ links: {unlinked}"
+
+
+@pytest.mark.parametrize("page", ["README.md"] + [os.path.join("docs", f) for f in
+                                                  sorted(os.listdir(os.path.join(ROOT, "docs")))
+                                                  if f.endswith(".md")])
+def test_figures_are_cited_by_date_and_machine_not_by_period_of_work(page):
+    text = open(os.path.join(ROOT, page)).read()
+    cited = re.findall(r"\bsessions? \d+|\(s\d+\)|-s\d+-|\bsession\d", text, re.I)
+    assert not cited, f"{page} cites periods of work: {cited}"
