@@ -37,7 +37,7 @@ run_pytest() {  # PYTEST_ARGS picks tests (default: all); torch.compile tests ta
       python3 -m pytest -v -rsP --timeout 120 ${PYTEST_ARGS:-tests/python} ${PYTEST_K:+-k "$PYTEST_K"}
 }
 
-install_wheels() {  # anchors carried as wheels (RMM, torchao, bitsandbytes): see README
+install_wheels() {  # anchors carried as wheels (RMM, torchao, bitsandbytes): see docs/development.md
   if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
       --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site

@@ -10,8 +10,8 @@ of the new device on the same memory, prefetched there, instead of a copy.
     y = x.to("cuda")                    # same memory, migrated to the GPU
     assert y.data_ptr() == x.data_ptr()
 
-``PYTORCH_ENABLE_UNIFIED_MEMORY=1`` enables it at import. See docs/ for the
-user guide and the API reference.
+``PYTORCH_ENABLE_UNIFIED_MEMORY=1`` enables it at import. See docs/guide.md for
+the pages by task and docs/api.md for the reference.
 """
 from __future__ import annotations
 

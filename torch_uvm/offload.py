@@ -46,7 +46,7 @@ class _Unit:
 MODES = ("auto", "in_place", "prefetch")
 # Inputs of at most this many rows (tokens) read streamed weights in place:
 # a GEMM of 16 or 128 rows reads a weight in host memory as fast as a pinned
-# copy of it, one of 1024 rows 4x slower (benchmarks/results/*-mechanisms.md).
+# copy of it, one of 1024 rows 4x slower (benchmarks/results/2026-11-23-h100/mechanisms.md).
 IN_PLACE_MAX_ROWS = 128
 # Kernels read host memory in place at about 49 GB/s where copy engines
 # move it at 55 (FINDINGS.md): in place moves a byte at this share of the
@@ -133,6 +133,8 @@ class Offloaded:
         self._optimizers: List[tuple] = []   # (optimizer, its own step)
         self._backward = offload_training.BackwardState()
         self._final_stats = None             # residency_stats() when undone
+        self._param_ids: set = set()         # the streamed parameters' ids (install)
+        self._hooked: set = set()            # ids of those with our gradient hook
 
     @property
     def learned(self) -> bool:

@@ -14,7 +14,7 @@ this file decides when.
   by a copy. States the step makes are adopted the same way. (A fused step
   reading its states in place in host memory moves as many bytes, but holds
   the GPU's SMs while it waits on PCIe, and the backward's kernels beside it
-  wait too: copy engines hold none. benchmarks/results/*-s10-mechanisms-uvm-*.log,
+  wait too: copy engines hold none. benchmarks/results/2026-11-23-h100/mechanisms-uvm-*.log,
   contention.) The step's arithmetic is the optimizer's own, per element, so
   losses equal an all-resident run's.
 * With ``step_in_backward``, a submodule steps as soon as its gradients are
@@ -82,7 +82,8 @@ def install(handle: "Offloaded") -> None:
             if p is not None and id(p) not in owner:
                 owner.add(id(p))
                 u.params.append(p)
-    handle._hooked = set()   # ids of the parameters with our hook
+    handle._param_ids = owner
+    handle._hooked = set()
     follow_trainable(handle)
 
 
@@ -235,7 +236,7 @@ def _holders(handle: "Offloaded", optimizer, others) -> Dict[str, list]:
     """The optimizer's parameters by whose they are: "ours", "originals"
     (the module's tensors before offload replaced them), another offload's
     holder name, or "plain" (not offloaded)."""
-    ours = {id(p) for u in handle.units for p in u.params}
+    ours = handle._param_ids
     originals = {id(t) for t in handle._originals.values()}
     theirs = {id(p): type(o.module).__name__ for o in others for u in o.units for p in u.params}
     found: Dict[str, list] = {}
@@ -323,8 +324,8 @@ def keep_states_home(handle: "Offloaded", optimizer: torch.optim.Optimizer) -> N
     has now (loaded before streaming) go there, and so do those
     ``load_state_dict`` loads (it would cast every state to its parameter's
     device, all to the GPU at once): into the homes the states had, or new
-    ones."""
-    ours = {id(p) for u in handle.units for p in u.params}
+    ones. ``state_dict`` gives them as CPU tensors over their homes."""
+    ours = handle._param_ids
     for p, st in optimizer.state.items():
         if id(p) in ours:
             for key, t in list(st.items()):
@@ -359,7 +360,18 @@ def keep_states_home(handle: "Offloaded", optimizer: torch.optim.Optimizer) -> N
                 else:
                     state[k][key] = _C.pinned_home(v, handle.device)
         return {**state_dict, "state": state}
+    def seen_on_cpu(opt, state_dict):
+        # A checkpoint saves the homes as CPU tensors over the same memory:
+        # loaded without map_location (as Lightning does), they land in host
+        # memory, not all on the GPU at once. The live states stay as they are.
+        torch.cuda.synchronize(handle.device)    # the homes' copies are done
+        state = {}
+        for k, values in state_dict["state"].items():
+            state[k] = {key: _C.home_on_cpu(v) if isinstance(v, torch.Tensor) and
+                        _C.is_pinned_home(v) else v for key, v in values.items()}
+        return {**state_dict, "state": state}
     handle._handles.append(optimizer.register_load_state_dict_pre_hook(to_homes))
+    handle._handles.append(optimizer.register_state_dict_post_hook(seen_on_cpu))
 
 
 def _streamable(t, on_gpu: bool = True) -> bool:
@@ -416,7 +428,7 @@ def step(handle: "Offloaded", optimizer: torch.optim.Optimizer, original_step,
     Submodules that stepped in backward (step_in_backward) are skipped;
     parameters that are not offloaded step last, as they are."""
     kwargs = kwargs or {}
-    ours = {id(p) for u in handle.units for p in u.params}
+    ours = handle._param_ids
     plain = {id(p) for g in optimizer.param_groups for p in g["params"]
              if id(p) not in ours and p.grad is not None}
     if handle.executor is None:        # no forward ran: nothing of ours has a gradient

@@ -32,7 +32,7 @@ torch.profiler (or Nsight Systems) records, the counters are not recorded and
 a warning says so; the timeline still is.
 
 torch_uvm's own work also shows in torch.profiler traces (ranges named
-``torch_uvm::bring <submodule>``, ...): see docs/guide.md, "Seeing what
+``torch_uvm::bring <submodule>``, ...): see docs/seeing-what-moves.md, "Seeing what
 moves".
 """
 from __future__ import annotations

@@ -86,6 +86,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pinned_home", [](const at::Tensor& t, const py::object& device) {
     return pinned_home_copy(t, with_index(device.cast<c10::Device>()));
   });
+  m.def("home_on_cpu", &home_on_cpu);
   m.def("release_cached_slots", &release_cached_slots);
   m.def("slot_memory_stats", [](int device) {
     const SlotMemoryStats s = slot_memory_stats(static_cast<c10::DeviceIndex>(device));

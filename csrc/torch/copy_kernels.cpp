@@ -13,7 +13,7 @@
 // To the CPU, a large copy into a managed CPU tensor goes through pinned
 // buffers (staged_copy.h): 36 GB/s against PyTorch's 13 for 1 GiB.
 //
-// Measured: benchmarks/results/*-s6-mechanisms.md, copy_h2d and copy_d2h.
+// Measured: benchmarks/results/2026-11-23-h100/mechanisms-copies.md, copy_h2d and copy_d2h.
 // As PyTorch's copies from and to pageable memory do, a blocking copy returns
 // when the data is copied, so the caller may write the source at once.
 // set_fast_copy(false) leaves every copy to PyTorch.
@@ -38,7 +38,7 @@ namespace {
 std::atomic<bool> g_fast_copy{true};
 
 // Below this PyTorch copies: measured faster both ways from 4 MiB
-// (benchmarks/results/*-s6-run.md, table 4b), and a prefetch of a small
+// (benchmarks/results/2026-11-23-h100/run.md, table 4b), and a prefetch of a small
 // tensor would move the pages it shares with its neighbours.
 constexpr std::size_t kFastCopyMinBytes = 4u << 20;
 

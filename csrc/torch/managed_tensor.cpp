@@ -44,18 +44,23 @@ std::pair<const void*, std::size_t> tensor_span(const at::Tensor& t) {
   return {t.data_ptr(), static_cast<std::size_t>(extent) * t.element_size()};
 }
 
-at::Tensor alias_on_device(const at::Tensor& t, at::Device target) {
-  const c10::Storage& source = t.storage();
+c10::Storage storage_seen_on(const c10::Storage& source, at::Device target,
+                             c10::Allocator* allocator, bool resizable) {
   auto* keep_alive = new c10::Storage(source);
   c10::DataPtr data(source.mutable_data(), keep_alive,
                     [](void* ctx) { delete static_cast<c10::Storage*>(ctx); }, target);
+  return c10::Storage(c10::Storage::use_byte_size_t(), source.nbytes(), std::move(data),
+                      allocator, resizable);
+}
+
+at::Tensor alias_on_device(const at::Tensor& t, at::Device target) {
   // Resizable through the target's managed allocator: a resize_ (or an out=
   // op) that must grow the alias gives it new managed storage of its own, as
   // PyTorch does whenever a storage is too small; from then on the alias and
   // the source no longer share memory. Shrinking or a resize within the
   // storage keeps the alias.
-  c10::Storage storage(c10::Storage::use_byte_size_t(), source.nbytes(), std::move(data),
-                       ManagedAllocator::for_device(target), /*resizable=*/true);
+  c10::Storage storage = storage_seen_on(t.storage(), target, ManagedAllocator::for_device(target),
+                                         /*resizable=*/true);
   c10::DispatchKeySet keys(target.is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU);
   auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), keys, t.dtype());
   out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());

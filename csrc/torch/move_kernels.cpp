@@ -108,7 +108,7 @@ at::Tensor move(const at::Tensor& self, at::Device target, bool non_blocking) {
     // From the CPU, nothing on a GPU may still be writing the pages: a
     // non-blocking move hands the prefetch to a worker and returns. A
     // blocking one issues it here: the data is ready sooner (table 3 of
-    // benchmarks/results), and the caller asked to wait. Otherwise it is
+    // benchmarks/results/2026-11-23-h100/run.md), and the caller asked to wait. Otherwise it is
     // ordered on `stream`.
     schedule_prefetch(ptr, bytes, to_index(target), stream,
                       /*off_thread=*/self.device().is_cpu() && non_blocking);

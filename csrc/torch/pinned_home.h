@@ -2,7 +2,7 @@
 // mapped for the GPUs at the same address (the runtime's allocate_host).
 // Copy engines move it to and from device memory at the link's speed both
 // ways at once (pinned 86 GB/s together, managed 51: benchmarks/results/
-// 2026-11-23-h100-s10-mechanisms-uvm-*.log); kernels read it in place over PCIe;
+// 2026-11-23-h100/mechanisms-uvm-*.log); kernels read it in place over PCIe;
 // the CPU reads it as any host memory.
 #pragma once
 
@@ -23,5 +23,10 @@ bool is_pinned_home(const c10::DataPtr& memory);
 // `t`'s value (any device; contiguous) in a new home, as a CUDA tensor on
 // `device` owning all of it. Waits for the copy.
 at::Tensor pinned_home_copy(const at::Tensor& t, c10::Device device);
+
+// The home under `t` (a streamed tensor's, or one pinned_home_copy made)
+// seen as a CPU tensor over the same memory, keeping the home alive: what a
+// checkpoint saves, so that loading it never lands on the GPU.
+at::Tensor home_on_cpu(const at::Tensor& t);
 
 }  // namespace torch_uvm

@@ -36,7 +36,7 @@ void check_device(at::Device device, const char* what) {
 
 // Up to one large page, the driver call costs ~0.05 ms and the hand-off to
 // the worker adds more to the time until the data is ready than it saves
-// (benchmarks/results, table 3, 1 MiB rows): such prefetches stay inline.
+// (benchmarks/results/2026-11-23-h100/run.md, table 3, 1 MiB rows): such prefetches stay inline.
 constexpr std::size_t kOffThreadMinBytes = 2u << 20;
 
 void schedule_prefetch(const void* ptr, std::size_t bytes, DeviceIndex target,

@@ -3,7 +3,7 @@
 // other tensors (torch_uvm's, with UVM on). Copy engines move pinned homes
 // to and from device memory at 86 GB/s both ways at once, beside kernels;
 // with managed memory on either side, at 51 together, and kernels wait
-// (benchmarks/results/2026-11-23-h100-s10-mechanisms-uvm-*.log).
+// (benchmarks/results/2026-11-23-h100/mechanisms-uvm-*.log).
 //
 // Slot bytes count against torch_uvm's managed memory cap
 // (CachingManagedAllocator::reserve_outside): slots and the managed pool

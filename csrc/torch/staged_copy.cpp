@@ -6,7 +6,7 @@
 // buffer into pages the CPU already holds runs at tens of GB/s. Pipelined in
 // 16 MiB pieces (the GPU fills one buffer while the CPU empties the other),
 // the whole copy runs at 36 GB/s for 1 GiB (benchmarks/results/
-// *-s6-mechanisms.md, copy_d2h rows).
+// 2026-11-23-h100/mechanisms-copies.md, copy_d2h rows).
 //
 // The copy is ordered after the work queued on the source GPU's current
 // stream, and returns when the data is in `dst`, as PyTorch's copy into

@@ -8,7 +8,7 @@
 // directions run at the link's speed at once and beside kernels (86 GB/s
 // together on an H100), where managed memory on either side of a copy gave
 // 51 together and the driver's migration of written pages to the CPU 9-18
-// (benchmarks/results/2026-11-23-h100-s10-mechanisms-uvm-*.log).
+// (benchmarks/results/2026-11-23-h100/mechanisms-uvm-*.log).
 //
 // The tensor the user's code holds never changes identity: its storage is
 // pointed at the slot or at the home (point_at), so views of it, autograd's
@@ -32,7 +32,7 @@ namespace torch_uvm {
 // How bytes cross the link: the copy engine (cudaMemcpyAsync), or a kernel
 // that reads or writes the home's pages in place. Copy engines move pinned
 // homes both ways at once beside kernels; a kernel copy holds SMs while it
-// waits on PCIe (benchmarks/results/*-s10-mechanisms-uvm-*.log, slot_both,
+// waits on PCIe (benchmarks/results/2026-11-23-h100/mechanisms-uvm-*.log, slot_both,
 // contention).
 enum class CopyBy { kCopyEngine = 0, kKernel = 1 };
 

@@ -11,8 +11,14 @@ and each epoch's validation evaluate the same streamed weights. A checkpoint
 is saved after two epochs, and a new Trainer resumes from it
 (``ckpt_path=``) with a new module, as a new process would.
 
-    python examples/training/lightning_trainer.py
+With ``--precision 16-mixed``, Lightning's mixed-precision plugin runs the
+forward under fp16 autocast and steps through its ``GradScaler``: the fused
+AdamW unscales inside its own step (``grad_scale``, ``found_inf``), one
+streamed submodule at a time.
+
+    python examples/training/lightning_trainer.py [--precision 16-mixed]
 """
+import argparse
 import os
 import tempfile
 import warnings
@@ -72,14 +78,15 @@ class Regressor(L.LightningModule):
         self.losses.append(F.mse_loss(self.net(x), y))
 
 
-def trainer(root: str, max_epochs: int) -> L.Trainer:
+def trainer(root: str, max_epochs: int, precision: str) -> L.Trainer:
     return L.Trainer(accelerator="gpu", devices=1, max_epochs=max_epochs, default_root_dir=root,
+                     precision=precision,
                      num_sanity_val_steps=2, check_val_every_n_epoch=1, deterministic=True,
                      logger=False, enable_progress_bar=False, enable_model_summary=False,
                      enable_checkpointing=False)
 
 
-def train(offload: bool) -> dict:
+def train(offload: bool, precision: str = "32-true") -> dict:
     _common.start()
     L.seed_everything(_common.SEED, verbose=False)
     data = TensorDataset(torch.randn(512, WIDTH), torch.randn(512, WIDTH))
@@ -88,7 +95,7 @@ def train(offload: bool) -> dict:
     val_loader = DataLoader(val, batch_size=64)
     peaks = []
     with tempfile.TemporaryDirectory() as root:
-        first, fit = Regressor(offload), trainer(root, max_epochs=2)
+        first, fit = Regressor(offload), trainer(root, max_epochs=2, precision=precision)
         fit.fit(first, train_loader, val_loader)
         path = os.path.join(root, "epoch2.ckpt")
         fit.save_checkpoint(path)
@@ -96,10 +103,13 @@ def train(offload: bool) -> dict:
             peaks.append(_common.undo(first.handle))
         # a new module and a new Trainer go on from the checkpoint
         resumed = Regressor(offload)
-        trainer(root, max_epochs=3).fit(resumed, train_loader, val_loader, ckpt_path=path)
+        trainer(root, max_epochs=3, precision=precision).fit(resumed, train_loader, val_loader, ckpt_path=path)
     return _common.finish(first.losses + resumed.losses, {"net": resumed.net}, [resumed.optimizer],
                           [resumed.handle], BUDGET, peaks)
 
 
 if __name__ == "__main__":
-    _common.main(train)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--precision", default="32-true", help="Lightning's: 32-true, 16-mixed")
+    precision = parser.parse_args().precision
+    _common.main(lambda offload: train(offload, precision))

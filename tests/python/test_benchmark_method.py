@@ -1,5 +1,6 @@
 """The benchmark method (issue 12): paired ratios with their spread, targets
 that a spread straddles, and the change between two result files. No GPU."""
+import copy
 import json
 import os
 import sys
@@ -56,9 +57,24 @@ def test_compare_prints_the_change_of_each_ratio(tmp_path, capsys):
 
 
 def test_the_committed_larger_than_gpu_result_can_be_compared():
-    path = os.path.join(ROOT, "benchmarks", "results", "2026-11-23-h100-larger_than_gpu.json")
-    rows = compare.changes(compare.load(path), compare.load(path))
-    assert rows and all(change == 0 for _, _, _, change, _ in rows)
+    """The committed result against itself changes nothing; against a copy
+    whose first measured comparison is 30% slower and outside the old spread, that
+    one is reported as a change beyond the noise, and only that one."""
+    path = os.path.join(ROOT, "benchmarks", "results", "2026-11-24-h100", "larger_than_gpu.json")
+    old = compare.load(path)
+    rows = compare.changes(old, compare.load(path))
+    measured = [name for name, _, _, change, _ in rows if change is not None]
+    assert measured and all(change in (0, None) for _, _, _, change, _ in rows)
+    new = copy.deepcopy(old)
+    first = measured[0]
+    slower = new["comparisons"][first]
+    for key in ("median", "min", "max"):
+        slower[key] = old["comparisons"][first]["max"] * 1.3 if key != "median" else \
+            old["comparisons"][first]["median"] * 1.3
+    slower["min"] = max(slower["min"], old["comparisons"][first]["max"] * 1.01)
+    changed = {name: (change, noise) for name, _, _, change, noise in compare.changes(old, new)}
+    assert changed[first][0] == pytest.approx(0.3) and changed[first][1] is False
+    assert all(c in (0, None) for name, (c, _) in changed.items() if name != first)
 
 
 def fake_run_one(calls):

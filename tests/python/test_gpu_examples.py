@@ -33,6 +33,8 @@ NEEDS = {                             # the frameworks an example imports
     "accelerate_loop": ["accelerate"],
     "peft_lora": ["transformers", "peft"],
 }
+# More runs of an example: (example, its train()'s keyword arguments)
+VARIANTS = {"lightning_trainer-16-mixed": ("lightning_trainer", {"precision": "16-mixed"})}
 MiB = 1 << 20
 # What an offloaded run may hold beyond the budget and the resident run's
 # activations: gradients and first optimizer states made by PyTorch on their
@@ -51,14 +53,17 @@ CHILD = """
         sys.exit(0)
     from _common import compare
     example = importlib.import_module({name!r})
-    print("RESULT", json.dumps(compare(example.train(False), example.train(True))))
+    print("RESULT", json.dumps(compare(example.train(False, **{kwargs!r}),
+                                       example.train(True, **{kwargs!r}))))
 """
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.parametrize("name", EXAMPLES + sorted(VARIANTS))
 def test_example_trains_offloaded_as_all_resident(name):
-    r = run_python(CHILD.format(folder=FOLDER, needs=NEEDS.get(name, []), name=name),
+    name, kwargs = VARIANTS.get(name, (name, {}))
+    r = run_python(CHILD.format(folder=FOLDER, needs=NEEDS.get(name, []), name=name,
+                                kwargs=kwargs),
                    env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}, timeout=280)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     out = json.loads([line for line in r.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])

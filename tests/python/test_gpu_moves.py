@@ -114,7 +114,7 @@ def test_copy_true_and_set_move_on_copy_false_copy(uvm):
 def test_a_copy_to_the_cpu_asked_for_is_a_copy_at_the_links_speed(uvm):
     """`.to("cpu")` moves (the same memory); `copy=True` copies, and a
     non-blocking copy lands in pinned memory, as PyTorch's does: the way to
-    get GPU-written data to the CPU at the link's speed (docs/guide.md)."""
+    get GPU-written data to the CPU at the link's speed (docs/moves.md)."""
     y = torch.arange(1 << 20, dtype=torch.float32, device="cuda") * 3   # written on the GPU
     want = torch.arange(1 << 20, dtype=torch.float32) * 3
     torch.cuda._sleep(50_000_000)   # the write below lands late, unless loading add_'s

@@ -560,6 +560,7 @@ def test_training_under_a_budget_gives_the_all_resident_losses(uvm, in_backward,
                 states_at_step.extend(
                     where(t) for t in opt.state.get(p, {}).values()
                     if isinstance(t, torch.Tensor) and t.is_cuda and t.nbytes >= 64 << 10)
+        note()                                    # the step's own, beside the passes'
     hooks.append(optimizer.register_step_pre_hook(at_step))
     after_backward = []
 
@@ -1001,3 +1002,37 @@ def test_a_forward_brings_weights_written_at_home_after_the_write(uvm):
         assert torch.count_nonzero(out).item() == 0
     finally:
         handle.undo()
+
+
+def test_an_offload_whose_slot_range_does_not_fit_says_so_at_its_first_forward(uvm):
+    """The slots' range (the budget's size) is drawn at the first forward:
+    under a managed memory cap that other tensors fill, it is refused with
+    torch.OutOfMemoryError naming the range, the budget and what to do;
+    once the memory is free, the same module runs."""
+    cap = uvm.get_memory_cap()
+    x = torch.randn(16, 2048, device="cuda")
+    with torch.no_grad():
+        want = make_model(layers=4).cuda()(x)
+    model = make_model(layers=4)                          # 4 x 16 MiB
+    handle = uvm.offload(model, budget=48 * MiB, mode="prefetch")
+    torch.cuda.synchronize()
+    uvm.empty_cache()
+    uvm._C.release_cached_slots()
+    stats = uvm.memory_stats()
+    used = stats["reserved_bytes.all.current"] + sum(
+        v for k, v in stats.items() if k.startswith("slots.") and k.endswith("reserved_bytes.current"))
+    uvm.set_memory_cap(used + 80 * MiB)
+    try:
+        filler = torch.empty(48 * MiB, dtype=torch.uint8, device="cuda")
+        with pytest.raises(torch.OutOfMemoryError, match=r"one range of GPU memory the size of "
+                                                         r"its budget \(50331648 bytes here\)"):
+            with torch.no_grad():
+                model(x)
+        del filler
+        uvm.empty_cache()
+        with torch.no_grad():
+            got = model(x)
+        assert torch.equal(got, want)
+    finally:
+        handle.undo()
+        uvm.set_memory_cap(cap)
