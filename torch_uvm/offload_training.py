@@ -361,17 +361,25 @@ def keep_states_home(handle: "Offloaded", optimizer: torch.optim.Optimizer) -> N
                     state[k][key] = _C.pinned_home(v, handle.device)
         return {**state_dict, "state": state}
     def seen_on_cpu(opt, state_dict):
-        # A checkpoint saves the homes as CPU tensors over the same memory:
-        # loaded without map_location (as Lightning does), they land in host
-        # memory, not all on the GPU at once. The live states stay as they are.
-        torch.cuda.synchronize(handle.device)    # the homes' copies are done
+        # A checkpoint saves the states as CPU tensors: those at home over
+        # their homes' memory, those in a slot (within the budget) copied.
+        # Loaded without map_location (as Lightning does), they land in
+        # host memory, not all on the GPU at once. The live states stay.
+        torch.cuda.synchronize(handle.device)    # the copies home have passed
         state = {}
         for k, values in state_dict["state"].items():
-            state[k] = {key: _C.home_on_cpu(v) if isinstance(v, torch.Tensor) and
-                        _C.is_pinned_home(v) else v for key, v in values.items()}
+            state[k] = {key: _on_cpu(v) for key, v in values.items()}
         return {**state_dict, "state": state}
     handle._handles.append(optimizer.register_load_state_dict_pre_hook(to_homes))
     handle._handles.append(optimizer.register_state_dict_post_hook(seen_on_cpu))
+
+
+def _on_cpu(t):
+    """A state as a checkpoint saves it (keep_states_home)."""
+    if not _streamable(t):
+        return t
+    home = _C.home_on_cpu(t)
+    return home if home is not None else t.detach().cpu()
 
 
 def _streamable(t, on_gpu: bool = True) -> bool:

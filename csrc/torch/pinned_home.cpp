@@ -2,7 +2,6 @@
 
 #include <c10/util/Exception.h>
 
-#include "torch/managed_tensor.h"
 #include "torch/state.h"
 #include "torch_uvm/torch_uvm.h"
 
@@ -37,15 +36,6 @@ at::Tensor pinned_home_copy(const at::Tensor& t, c10::Device device) {
   // filled on the CPU: the home is host memory
   at::from_blob(home.mutable_data(), t.sizes(), t.options().device(c10::kCPU)).copy_(t.cpu());
   return at::empty({0}, t.options().device(device)).set_(home, 0, t.sizes());
-}
-
-at::Tensor home_on_cpu(const at::Tensor& t) {
-  TORCH_CHECK_VALUE(t.defined() && t.has_storage() && is_pinned_home(t.storage().data_ptr()),
-                    "torch_uvm: home_on_cpu takes a tensor whose memory is a pinned home");
-  c10::Storage seen = storage_seen_on(t.storage(), c10::Device(c10::kCPU), /*allocator=*/nullptr,
-                                      /*resizable=*/false);
-  return at::empty({0}, t.options().device(c10::kCPU))
-      .set_(seen, t.storage_offset(), t.sizes(), t.strides());
 }
 
 }  // namespace torch_uvm

@@ -24,9 +24,4 @@ bool is_pinned_home(const c10::DataPtr& memory);
 // `device` owning all of it. Waits for the copy.
 at::Tensor pinned_home_copy(const at::Tensor& t, c10::Device device);
 
-// The home under `t` (a streamed tensor's, or one pinned_home_copy made)
-// seen as a CPU tensor over the same memory, keeping the home alive: what a
-// checkpoint saves, so that loading it never lands on the GPU.
-at::Tensor home_on_cpu(const at::Tensor& t);
-
 }  // namespace torch_uvm

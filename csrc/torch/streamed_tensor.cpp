@@ -5,6 +5,7 @@
 
 #include <atomic>
 
+#include "torch/managed_tensor.h"
 #include "torch/pinned_home.h"
 #include "torch/slot_memory.h"
 #include "torch/state.h"
@@ -57,6 +58,23 @@ CopyMechanisms copy_mechanisms() {
 void set_copy_mechanisms(CopyMechanisms m) {
   g_to_gpu = static_cast<int>(m.to_gpu);
   g_home = static_cast<int>(m.home);
+}
+
+at::Tensor home_on_cpu(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return {};
+  const c10::DataPtr& memory = t.storage().data_ptr();
+  c10::Storage home;
+  if (is_pinned_home(memory)) {
+    home = t.storage();
+  } else if (memory.get_deleter() == &release_storage) {  // pointed at (point_at)
+    const auto& now = *static_cast<const c10::Storage*>(memory.get_context());
+    if (is_pinned_home(now.data_ptr())) home = now;
+  }
+  if (!home) return {};
+  c10::Storage seen = storage_seen_on(home, c10::Device(c10::kCPU), /*allocator=*/nullptr,
+                                      /*resizable=*/false);
+  return at::empty({0}, t.options().device(c10::kCPU))
+      .set_(seen, t.storage_offset(), t.sizes(), t.strides());
 }
 
 bool record_stream_of_streamed(const c10::DataPtr& memory, c10::cuda::CUDAStream stream) {

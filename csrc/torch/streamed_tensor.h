@@ -53,6 +53,12 @@ void point_at(const at::Tensor& target, const c10::Storage& memory);
 // `memory` is not a streamed tensor's.
 bool record_stream_of_streamed(const c10::DataPtr& memory, c10::cuda::CUDAStream stream);
 
+// `t` seen as a CPU tensor over the same memory where that memory is a
+// pinned home (a streamed tensor at home, or a home pinned_home_copy made),
+// keeping the home alive; undefined otherwise. What a checkpoint saves, so
+// that loading it never lands on the GPU. Copies home must have passed.
+at::Tensor home_on_cpu(const at::Tensor& t);
+
 // Copies `bytes` from `src` to `dst` on `stream` by `by`; either side may be
 // GPU memory or a home's pages.
 void copy_bytes(void* dst, const void* src, std::size_t bytes, c10::Device device,

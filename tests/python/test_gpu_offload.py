@@ -31,8 +31,10 @@ def nothing_left_streamed():
 
 @pytest.fixture
 def budget(uvm):
-    """A 64 MiB residency budget on cuda:0, removed afterwards."""
+    """A 64 MiB residency budget on cuda:0, removed afterwards; the peaks
+    count from here (a test before may have held more under its own)."""
     uvm.set_residency_limit(64 * MiB)
+    uvm.reset_peak_memory_stats()
     yield 64 * MiB
     undo_leftover_offloads()
     uvm.set_residency_limit(None)

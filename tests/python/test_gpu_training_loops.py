@@ -326,14 +326,19 @@ def test_loaded_optimizer_states_go_to_their_homes(uvm):
         saved = io.BytesIO()
         state_dict = optimizer.state_dict()
         if hasattr(model, "_torch_uvm_offloaded"):
-            saved_states = [t for st in state_dict["state"].values() for t in st.values()
-                            if isinstance(t, torch.Tensor) and t.nbytes >= 64 << 10]
-            homes = {t.data_ptr() for st in optimizer.state.values() for t in st.values()
-                     if isinstance(t, torch.Tensor) and t.is_cuda}
-            assert len(saved_states) == 16
-            assert all(t.device.type == "cpu" and t.data_ptr() in homes for t in saved_states)
-            assert all(t.is_cuda for st in optimizer.state.values() for t in st.values()
-                       if isinstance(t, torch.Tensor) and t.nbytes >= 64 << 10)
+            # (state_dict's parameters are numbered in param_groups' order)
+            live = [optimizer.state[p] for g in optimizer.param_groups for p in g["params"]]
+            pairs = [(t, live[i][key]) for i, st in state_dict["state"].items()
+                     for key, t in st.items()
+                     if isinstance(t, torch.Tensor) and t.nbytes >= 64 << 10]
+            assert len(pairs) == 16
+            assert all(saved.device.type == "cpu" and now.is_cuda for saved, now in pairs)
+            # those at home (in the driver's words: host memory) are their
+            # homes' memory, not copies
+            at_home = [(saved, now) for saved, now in pairs if memory_type(now) == "host"]
+            assert len(at_home) >= 8
+            assert all(saved.data_ptr() == now.data_ptr() for saved, now in at_home)
+            assert all(torch.equal(saved, now.cpu()) for saved, now in pairs)
         torch.save(state_dict, saved)
         saved.seek(0)
         fresh = type(optimizer)(model.parameters(), lr=1e-3)
@@ -643,7 +648,8 @@ def test_the_process_gpu_memory_of_offloaded_training_is_twice_its_budget_at_mos
     under 96 MiB takes at most twice the budget (the slots' range, and the
     gradients and first states PyTorch makes beside it, counted in the same
     books) beside what the same loop takes all resident beyond its
-    weights, gradients and states, plus 32 MiB."""
+    weights, gradients and states (activations: a fused AdamW makes no
+    temporaries of the parameters' size), plus 32 MiB."""
     def build():
         return make_model(layers=16)                      # 16 x 16 MiB
     x = data(1, width=2048)[0]
@@ -672,7 +678,7 @@ def test_the_process_gpu_memory_of_offloaded_training_is_twice_its_budget_at_mos
         return free - least[0]
 
     reference = build().cuda()
-    opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, fused=True)
     # weights, gradients and two states, all resident (the first run's
     # measure starts with the weights on the GPU already)
     resident_used = measure(reference, opt) + sum(p.nbytes for p in reference.parameters())
@@ -681,7 +687,8 @@ def test_the_process_gpu_memory_of_offloaded_training_is_twice_its_budget_at_mos
     model = build()
     budget = 96 * MiB
     handle = uvm.offload(model, budget=budget)
-    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3,
+                                                          fused=True))
     used = measure(model, optimizer)
     print(f"offloaded: {used / MiB:.1f} MiB of the GPU under a {budget // MiB} MiB budget; "
           f"all resident {resident_used / MiB:.1f} MiB, {beside / MiB:.1f} beside the model")
