@@ -1,19 +1,64 @@
-"""Break the code a GPU test guards and check that the test fails.
+"""Break the code a test guards and check that the test fails.
 
-    python3 scripts/mutants.py [--out DIR] [NAME ...]
+    python3 scripts/mutants.py [--jobs N] [--out DIR] [--core] [--list] [NAME ...]
 
-Each mutant below replaces one piece of the torch glue, rebuilds the
-extension (ninja recompiles the one file; a Python mutant needs none), runs
-the tests that guard it and expects them to fail. The source is restored, and the extension rebuilt,
-whatever happens. Run it on the GPU machine after a build
-(scripts/gpu_session.sh build); it prints a table and exits non-zero if a
-mutant survives.
+Each mutant below replaces one piece of the code, builds it and runs the
+tests that guard it, which must fail: a mutant they pass means a missing
+test (write it) or a mechanism that does nothing (remove it). It prints a
+table (mutant, the tests that must kill it, outcome, seconds) and the wall
+time, and exits non-zero unless every mutant was killed.
+
+Mutants run in parallel (--jobs), each in a copy of its own; this tree is
+never patched, so an interrupted run (Ctrl-C, a kill, a time limit) leaves
+nothing to restore and nothing to rebuild. First this tree's extension and
+core_tests are built as they are (nothing to do when up to date;
+--no-build skips it). Then the tree (the files `git ls-files` lists,
+tracked and untracked, as they are at that moment) and its build outputs
+are copied once, and every mutant patches a copy of that copy: every
+mutant runs on one tree.
+
+- A Python mutant needs no build: its copy holds the built extension.
+- A C++ mutant of the extension gets a copy of setup.py's objects
+  (build/temp.*). ninja's files there name this tree's absolute paths, and
+  in a copy they would recompile every file; so setup.py runs with torch's
+  ninja step narrowed to the objects that depend on the mutated file (the
+  file itself, or every file including a header, as ninja's deps log
+  says), then links them all into the copy's torch_uvm/_C*.so.
+- A "core:" mutant (tests named "core:Suite.Test": GoogleTests of the host
+  runtime, no GPU needed) replays, in a folder of its own, the commands of
+  the CMake build (--cmake-build: build/, else build-gpu/) that depend on
+  its file, as `ninja -t commands core_tests` lists them: compile,
+  archive, link.
+
+Builds run side by side. Tests share the GPU, except those that measure
+the device's memory (the test's function, or a helper or fixture it
+names, reads one of EXCLUSIVE_MARKERS): those have it alone, and no other
+test starts while one waits. A sixth item in a mutant, {"exclusive": bool},
+decides instead.
+
+--out DIR keeps the log of each mutant and the table (summary.md). --list
+checks, with no build, that each mutant's text is in its file once, and
+says how each would run. Run it on the GPU machine after a build
+(scripts/gpu_session.sh build); --core runs the host-runtime mutants on
+any machine that has run `cmake --build build`.
 """
 import argparse
+import ast
+import concurrent.futures
+import contextlib
+import fnmatch
+import glob
 import os
+import re
+import shlex
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COPIES = "tests/python/test_gpu_copies.py::"
@@ -324,80 +369,812 @@ MUTANTS = [
 ]
 
 
-def build(core=False):
-    cmd = ["cmake", "--build", "build"] if core else \
-        [sys.executable, "setup.py", "build_ext", "--inplace"]
-    return subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True)
+# ---------------------------------------------------------------- the runner
+
+# Words that mark a test as measuring the device's memory: other mutants'
+# tests on the GPU would move its numbers, so it runs with the GPU alone.
+EXCLUSIVE_MARKERS = ("mem_get_info", "gpu_bytes")
+EXTENSION = "torch_uvm/_C*.so"          # what setup.py builds in place
+KILLED = ("killed", "killed (timed out)")
+KIND_ORDER = {"c++": 0, "python": 1, "core": 2}   # the longest first
 
 
-def run_tests(tests):
-    """pytest, or the host-runtime GoogleTests for "core:" names: rc 1 = failed."""
-    if tests[0].startswith("core:"):
-        ran = subprocess.run([os.path.join(ROOT, "build", "core_tests"),
-                              "--gtest_filter=" + ":".join(t[5:] for t in tests)], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        return (1 if ran.returncode != 0 else 0), ran.stdout
-    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                          *tests], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True)
-    return ran.returncode, ran.stdout
+class Mutant:
+    def __init__(self, entry):
+        self.name, self.path, self.text, self.replacement, self.tests = entry[:5]
+        self.options = entry[5] if len(entry) > 5 else {}
+        self.kind = ("core" if self.tests[0].startswith("core:") else
+                     "python" if self.path.endswith(".py") else "c++")
+        self.exclusive = False
+        self.objects = []    # c++: setup.py objects to compile, relative to build/temp.*
+        self.commands = []   # core: the CMake build's commands to replay
+        self.made = set()    # core: what they make
+        self.problem = None  # why it cannot be built, found before it runs
+        self.log_name = self.slug
+
+    @property
+    def gpu(self):
+        return self.kind != "core"
+
+    @property
+    def slug(self):
+        return "".join(c if c.isalnum() else "_" for c in self.name)[:60]
 
 
-def main():
+class Stopped(Exception):
+    """The run was interrupted."""
+
+
+class Processes:
+    """Runs commands, each a process group of its own: a timeout or an
+    interrupt kills a command with all it started (ninja's compilers,
+    pytest's children)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running = set()
+        self.stop = threading.Event()
+
+    def run(self, cmd, cwd, env=None, timeout=None, shell=False):
+        """(returncode, output, timed_out)"""
+        with self.lock:
+            if self.stop.is_set():
+                raise Stopped()
+            proc = subprocess.Popen(cmd, cwd=cwd, env=env, shell=shell, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            self.running.add(proc)
+        timed_out = False
+        try:
+            try:
+                out, _ = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill(proc)
+                out, _ = proc.communicate()
+        except BaseException:   # an interrupt: what runs goes with it
+            _kill(proc)
+            raise
+        finally:
+            with self.lock:
+                self.running.discard(proc)
+        if self.stop.is_set():
+            raise Stopped()
+        return proc.returncode, out.decode(errors="replace"), timed_out
+
+    def kill_all(self):
+        with self.lock:
+            self.stop.set()
+            for proc in self.running:
+                _kill(proc)
+
+
+def _kill(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class GpuGate:
+    """Who may run tests on the GPU now: up to `slots` shared runs, or one
+    exclusive run alone. An exclusive run that waits lets no shared run
+    start (fcntl.flock has no such order: shared runs that keep overlapping
+    would starve it); builds never wait here."""
+
+    def __init__(self, slots, stop):
+        self.cv = threading.Condition()
+        self.slots, self.stop = max(1, slots), stop
+        self.shared, self.alone, self.waiting = 0, False, 0
+
+    def _wait(self, ready):
+        while not ready():
+            if self.stop.is_set():
+                raise Stopped()
+            self.cv.wait(0.2)
+
+    @contextlib.contextmanager
+    def hold(self, exclusive):
+        with self.cv:
+            if exclusive:
+                self.waiting += 1
+                try:
+                    self._wait(lambda: not self.alone and self.shared == 0)
+                finally:
+                    self.waiting -= 1
+                self.alone = True
+            else:
+                self._wait(lambda: not self.alone and not self.waiting
+                           and self.shared < self.slots)
+                self.shared += 1
+        try:
+            yield
+        finally:
+            with self.cv:
+                if exclusive:
+                    self.alone = False
+                else:
+                    self.shared -= 1
+                self.cv.notify_all()
+
+
+# -- which tests measure the device's memory
+
+def _functions(path, cache):
+    """{name: source} of every function in the file (same names joined)."""
+    if path not in cache:
+        found = {}
+        try:
+            with open(path) as f:
+                source = f.read()
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    found[node.name] = (found.get(node.name, "") + "\n"
+                                        + (ast.get_source_segment(source, node) or ""))
+        except (OSError, SyntaxError, ValueError):
+            pass
+        cache[path] = found
+    return cache[path]
+
+
+def measures_device_memory(test, root, cache=None):
+    """Whether the pytest `test` ("path::name[id]") reads the device's memory:
+    its function mentions one of EXCLUSIVE_MARKERS, or names (directly or
+    through others) a function or fixture that does, of its own module or of
+    the modules beside it that are not tests (conftest.py, the helpers)."""
+    cache = {} if cache is None else cache
+    path, _, name = test.partition("::")
+    name = name.split("::")[-1].split("[")[0]
+    folder = os.path.dirname(os.path.join(root, path))
+    try:
+        helpers = sorted(f for f in os.listdir(folder)
+                         if f.endswith(".py") and not f.startswith("test_"))
+    except OSError:
+        return False
+    functions = {}
+    for f in helpers + [os.path.basename(path)]:
+        functions.update(_functions(os.path.join(folder, f), cache))
+    measuring = {n for n, src in functions.items() if any(m in src for m in EXCLUSIVE_MARKERS)}
+    while True:
+        names = re.compile(r"\b(?:%s)\b" % "|".join(map(re.escape, measuring))) if measuring else None
+        more = {n for n, src in functions.items()
+                if n not in measuring and names and names.search(src)}
+        if not more:
+            return name in measuring
+        measuring |= more
+
+
+# -- the tree, its builds, and what a mutant rebuilds
+
+def tree_files(root):
+    """The files of the tree as git sees them: tracked and untracked, not the
+    ignored (build outputs, logs). Where git is not (a copy of the working
+    tree without .git), the files that .gitignore's patterns leave."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                             cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             check=True).stdout.decode()
+        names = sorted({n for n in out.split("\0") if n})
+    except (OSError, subprocess.CalledProcessError):
+        names = walk_files(root)
+    return [n for n in names if os.path.islink(os.path.join(root, n))
+            or os.path.isfile(os.path.join(root, n))]
+
+
+def walk_files(root):
+    """The files under root that the root's .gitignore does not ignore (its
+    plain patterns: no negation), less .git."""
+    try:
+        with open(os.path.join(root, ".gitignore")) as f:
+            patterns = [p.strip() for p in f if p.strip() and p[0] not in "#!"]
+    except OSError:
+        patterns = []
+
+    def ignored(rel, is_dir):
+        for pattern in patterns:
+            if pattern.endswith("/") and not is_dir:
+                continue
+            p = pattern.rstrip("/")
+            whole = "/" in p              # anchored at the root, or a path
+            if fnmatch.fnmatch(rel if whole else os.path.basename(rel), p.lstrip("/")):
+                return True
+        return False
+
+    found = []
+    for folder, dirs, names in os.walk(root):
+        here = os.path.relpath(folder, root)
+        rel = (lambda n: n) if here == "." else (lambda n: here + "/" + n)
+        dirs[:] = sorted(d for d in dirs if d != ".git" and not ignored(rel(d), True))
+        found += [rel(n) for n in sorted(names) if not ignored(rel(n), False)]
+    return found
+
+
+def copy_files(src, names, dest):
+    for name in names:
+        target = os.path.join(dest, name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copy2(os.path.join(src, name), target, follow_symlinks=False)
+
+
+def setup_temp_dir(root):
+    """setup.py's object folder (build/temp.<platform>-<python>), or None."""
+    found = sorted(d for d in glob.glob(os.path.join(root, "build", "temp.*")) if os.path.isdir(d))
+    tag = sys.implementation.cache_tag
+    return next((d for d in found if d.endswith(tag)), found[0] if found else None)
+
+
+def cmake_dir(root, chosen=None):
+    """The CMake build that holds core_tests: `chosen`, else build/, else build-gpu/."""
+    for d in [chosen] if chosen else ["build", "build-gpu"]:
+        d = os.path.join(root, d)
+        try:
+            with open(os.path.join(d, "build.ninja")) as f:
+                if re.search(r"^build core_tests:", f.read(), re.M):
+                    return d
+        except OSError:
+            pass
+    return None
+
+
+def _ninja(build_dir):
+    try:
+        with open(os.path.join(build_dir, "CMakeCache.txt")) as f:
+            found = re.search(r"^CMAKE_MAKE_PROGRAM:\w+=(.+)$", f.read(), re.M)
+            if found and os.path.exists(found.group(1)):
+                return found.group(1)
+    except OSError:
+        pass
+    return shutil.which("ninja") or "ninja"
+
+
+def ninja_tool(build_dir, *args):
+    """A ninja tool's output (-t deps, -t commands): they read the build's
+    files and write none."""
+    ran = subprocess.run([_ninja(build_dir), "-t", *args], cwd=build_dir, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    if ran.returncode != 0:
+        raise RuntimeError(f"ninja -t {' '.join(args)} in {build_dir}: {ran.stderr.strip()}")
+    return ran.stdout
+
+
+_DEPS = {}
+
+
+def dependents(build_dir, path, root):
+    """The outputs in ninja's deps log (as ninja names them) that were built
+    from `path` (a file of the tree at `root`): its object, or every object
+    whose source includes it."""
+    if build_dir not in _DEPS:
+        index, current, real = {}, None, {}
+        for line in ninja_tool(build_dir, "deps").splitlines():
+            if line and not line[0].isspace():
+                current = line.split(": #deps")[0]
+            elif line.strip() and current:
+                dep = line.strip()
+                if dep not in real:
+                    real[dep] = os.path.realpath(os.path.join(build_dir, dep))
+                index.setdefault(real[dep], []).append(current)
+        _DEPS[build_dir] = index
+    return sorted(set(_DEPS[build_dir].get(os.path.realpath(os.path.join(root, path)), [])))
+
+
+def ninja_variable(build_file, name):
+    try:
+        with open(build_file) as f:
+            found = re.search(r"^%s = (.*)$" % re.escape(name), f.read(), re.M)
+        return found.group(1).strip() if found else None
+    except OSError:
+        return None
+
+
+def _words(cmd):
+    try:
+        return shlex.split(cmd)
+    except ValueError:
+        return cmd.split()
+
+
+def _outputs(words):
+    """What a compile, archive or link command writes: the word after -o, or
+    after an archiver's operation (`ar qc lib.a ...`)."""
+    outs = []
+    for i, w in enumerate(words):
+        if w == "-o" and i + 1 < len(words):
+            outs.append(words[i + 1])
+        elif re.search(r"(^|-)ar$", os.path.basename(w)) and not w.startswith("-") \
+                and i + 2 < len(words) and not words[i + 1].startswith("-"):
+            outs.append(words[i + 2])
+    return outs
+
+
+def commands_after(commands, objects):
+    """The commands, in order, that make `objects` and everything made from
+    them (the archive, the link), and the outputs they make."""
+    chosen, made = [], set()
+    for cmd in commands:
+        words = _words(cmd)
+        outs = _outputs(words)
+        if any(o in objects for o in outs) or any(w in made for w in words if w not in outs):
+            chosen.append(cmd)
+            made.update(outs)
+    return chosen, made
+
+
+def command_inputs(commands, made, build_dir):
+    """The files of `build_dir` that `commands` read: the relative words that
+    name one, less what they make."""
+    inputs = set()
+    for cmd in commands:
+        for w in _words(cmd):
+            if not w.startswith("-") and not os.path.isabs(w) and w not in made \
+                    and os.path.isfile(os.path.join(build_dir, w)):
+                inputs.add(w)
+    return inputs
+
+
+def in_copy(cmd, root, tree):
+    """`cmd` with each path into the tree at `root` turned into the same path
+    in the copy `tree`, where the copy has it (the build folders it has not
+    stay where they are)."""
+    def repl(found):
+        rel = (found.group(1) or "").lstrip("/")
+        copied = os.path.join(tree, rel) if rel else tree
+        return copied if os.path.lexists(copied) else found.group(0)
+    return re.sub(re.escape(root) + r"(/[^\s'\"]*)?(?=[\s'\"]|$)", repl, cmd)
+
+
+def pytest_counts(output):
+    """{"passed": n, "skipped": n, ...} from pytest's last summary line."""
+    words = r"passed|failed|skipped|errors?|xfailed|xpassed|deselected|warnings?"
+    for line in reversed(output.splitlines()):
+        found = re.findall(r"(\d+) (%s)\b" % words, line)
+        if found:
+            return {w: int(n) for n, w in found}
+    return {}
+
+
+def outcome_of(kind, rc, output, timed_out):
+    if timed_out:
+        return "killed (timed out)"
+    if kind == "core":   # GoogleTest: any failure or crash kills
+        if rc == 0 and re.search(r"Running 0 tests", output):
+            return "no tests ran"
+        return "killed" if rc != 0 else "SURVIVED"
+    if rc == 1:
+        return "killed"
+    if rc == 5:
+        return "no tests ran"
+    if rc == 0:
+        counts = pytest_counts(output)
+        return "all skipped" if counts.get("skipped") and not counts.get("passed") else "SURVIVED"
+    return f"tests rc={rc}"
+
+
+# setup.py in a mutant's copy, with torch's ninja step given only the objects
+# named in MUTANTS_COMPILE (and any missing); setup.py then links them all.
+# Patched when setup.py calls setup(): it finds CUDA before importing torch.
+DRIVER = r'''
+import os, runpy, sys, time
+import setuptools
+only = {os.path.realpath(p) for p in os.environ["MUTANTS_COMPILE"].split(os.pathsep) if p}
+called, setup = [], setuptools.setup
+
+def compile_some(compile_objects, sources, objects, *args, **kwargs):
+    keep = [i for i, o in enumerate(objects)
+            if os.path.realpath(o) in only or not os.path.exists(o)]
+    print("mutants.py: compiling %d of %d files: %s" % (len(keep), len(objects),
+          " ".join(os.path.basename(sources[i]) for i in keep)), flush=True)
+    called.append(len(keep))
+    if not keep:
+        sys.exit("mutants.py: the mutated file is in none of the extension's objects")
+    t0 = time.time()
+    try:
+        return compile_objects([sources[i] for i in keep], [objects[i] for i in keep], *args, **kwargs)
+    finally:
+        print("mutants.py: compiled in %.1f s" % (time.time() - t0), flush=True)
+
+def setup_some(*args, **kwargs):
+    import torch.utils.cpp_extension as ext
+    compile_objects = getattr(ext, "_write_ninja_file_and_compile_objects", None)
+    if compile_objects is None:
+        sys.exit("mutants.py: this torch has no cpp_extension._write_ninja_file_and_compile_objects,"
+                 " so one file cannot be compiled alone: scripts/mutants.py needs updating")
+    ext._write_ninja_file_and_compile_objects = \
+        lambda *a, **k: compile_some(compile_objects, *a, **k)
+    return setup(*args, **kwargs)
+
+setuptools.setup = setup_some
+sys.argv = ["setup.py", "build_ext", "--inplace"]
+runpy.run_path("setup.py", run_name="__main__")
+if not called:
+    sys.exit("mutants.py: setup.py compiled nothing through torch's ninja step")
+'''
+
+
+class Result:
+    def __init__(self, mutant):
+        self.mutant, self.outcome = mutant, None
+        self.seconds = self.build_s = self.wait_s = self.tests_s = 0.0
+        self.log = []
+
+
+class Runner:
+    def __init__(self, root, args):
+        self.root, self.args = root, args
+        self.procs = Processes()
+        self.gate = GpuGate(args.test_slots or args.jobs, self.procs.stop)
+        self.print_lock = threading.Lock()
+        self.tmp = None
+        self.temp_dir = setup_temp_dir(root)     # setup.py's objects
+        self.cmake = None                         # the CMake build of core_tests
+        self.core_all = []                        # its commands
+        self.env = self._build_env()
+
+    def _build_env(self):
+        """The environment of builds: the compiler that made build/temp.*
+        (scripts/gpu_session.sh picks one with CXX): an object of another
+        would link, and crash."""
+        env = dict(os.environ)
+        cxx = ninja_variable(os.path.join(self.temp_dir, "build.ninja"), "cxx") \
+            if self.temp_dir else None
+        if cxx and cxx != env.get("CXX", "c++"):
+            print(f"building with CXX={cxx}, the compiler of {os.path.relpath(self.temp_dir, self.root)}")
+            env["CXX"] = cxx
+            base = os.path.basename(cxx)
+            for cxx_name, cc_name in (("clang++", "clang"), ("g++", "gcc"), ("c++", "cc")):
+                if base.endswith(cxx_name) and "CC" not in os.environ:
+                    cc = os.path.join(os.path.dirname(cxx), base[:-len(cxx_name)] + cc_name)
+                    cc = cc if os.path.dirname(cxx) else shutil.which(cc)
+                    if cc and os.path.exists(cc):
+                        env["CC"] = cc
+                    break
+        return env
+
+    def _test_env(self, tree):
+        """The tests' environment: PYTHONPATH's folders of this tree point into the copy."""
+        env = dict(os.environ)
+        parts = []
+        for p in env.get("PYTHONPATH", "").split(os.pathsep):
+            full = os.path.abspath(p) if p else p
+            if full and (full == self.root or full.startswith(self.root + os.sep)):
+                p = os.path.join(tree, os.path.relpath(full, self.root))
+            parts.append(p)
+        if parts != [""]:
+            env["PYTHONPATH"] = os.pathsep.join(parts)
+        return env
+
+    def say(self, line):
+        with self.print_lock:
+            print(line, flush=True)
+
+    # -- before the mutants
+
+    def build_tree(self, chosen):
+        """Builds this tree as it is (no source changes): the objects the
+        mutants' copies start from must be this tree's."""
+        steps = []
+        if any(m.gpu for m in chosen):
+            steps.append(("extension", [sys.executable, "setup.py", "build_ext", "--inplace"]))
+        if any(m.kind == "core" for m in chosen):
+            steps.append(("core_tests", ["cmake", "--build", self.cmake, "--target", "core_tests"]))
+        for what, cmd in steps:
+            t0 = time.time()
+            rc, out, _ = self.procs.run(cmd, cwd=self.root, env=self.env)
+            self.say(f"built this tree's {what}: rc={rc} ({time.time() - t0:.0f} s)")
+            if rc != 0:
+                print(out[-4000:])
+                raise SystemExit(f"{' '.join(cmd)} failed: no mutant can run")
+
+    def plan(self, chosen):
+        """Finds, for each mutant, what its copy rebuilds and whether its tests
+        need the GPU alone; a mutant that cannot be built gets its problem."""
+        cache = {}
+        for m in chosen:
+            if "exclusive" in m.options:
+                m.exclusive = bool(m.options["exclusive"])
+            elif m.gpu:
+                m.exclusive = any(measures_device_memory(t, self.root, cache) for t in m.tests)
+        if any(m.kind == "c++" for m in chosen):
+            if not self.temp_dir or not os.path.exists(os.path.join(self.temp_dir, "build.ninja")):
+                raise SystemExit("no build/temp.*: build the extension first "
+                                 "(python3 setup.py build_ext --inplace)")
+            for m in chosen:
+                if m.kind == "c++":
+                    built = dependents(self.temp_dir, m.path, self.root)
+                    m.objects = [os.path.relpath(o, self.temp_dir) for o in built]
+                    if not m.objects:
+                        m.problem = f"no object of the extension is built from {m.path}"
+        if any(m.kind == "core" for m in chosen):
+            self.core_all = [c for c in ninja_tool(self.cmake, "commands", "core_tests").splitlines()
+                             if c.strip()]
+            for m in chosen:
+                if m.kind == "core":
+                    objects = set(dependents(self.cmake, m.path, self.root))
+                    m.commands, m.made = commands_after(self.core_all, objects)
+                    if not m.commands:
+                        m.problem = f"no command of core_tests is built from {m.path}"
+
+    def snapshot(self, chosen):
+        """One copy of the tree and of what the copies build from."""
+        files = tree_files(self.root)
+        copy_files(self.root, files, os.path.join(self.tmp, "tree"))
+        if any(m.gpu for m in chosen):
+            built = [os.path.relpath(p, self.root) for p in glob.glob(os.path.join(self.root, EXTENSION))]
+            copy_files(self.root, built, os.path.join(self.tmp, "extension"))
+        if any(m.kind == "c++" for m in chosen):
+            shutil.copytree(self.temp_dir, os.path.join(self.tmp, "objects"), symlinks=True,
+                            ignore=shutil.ignore_patterns("build.ninja", ".ninja_*", "*.d"))
+        if any(m.kind == "core" for m in chosen):
+            inputs = set()
+            for m in chosen:
+                if m.kind == "core":
+                    inputs |= command_inputs(m.commands, m.made, self.cmake)
+            copy_files(self.cmake, sorted(inputs), os.path.join(self.tmp, "cmake"))
+        return len(files)
+
+    # -- one mutant, in a worker thread
+
+    def run_one(self, index, m):
+        if self.procs.stop.is_set():
+            return None
+        r = Result(m)
+        t0 = time.time()
+        work = os.path.join(self.tmp, f"m{index:03d}")
+        tree = os.path.join(work, "tree")
+        r.log += [f"mutant: {m.name}", f"file: {m.path}",
+                  f"kind: {m.kind}" + (f"; GPU: {'alone' if m.exclusive else 'shared'}" if m.gpu else ""),
+                  "tests: " + " ".join(m.tests), "--- replaced:", m.text, "--- by:", m.replacement]
+        try:
+            shutil.copytree(os.path.join(self.tmp, "tree"), tree, symlinks=True)
+            r.outcome = self._mutate(m, tree, r) or self._build(m, work, tree, r) \
+                or self._tests(m, work, tree, r)
+        except Stopped:
+            return None
+        except Exception:   # the runner's own failure: said, and not a kill
+            r.outcome = "runner error"
+            r.log += ["--- runner error", traceback.format_exc()]
+        finally:
+            if not self.args.keep:
+                shutil.rmtree(work, ignore_errors=True)
+        r.seconds = time.time() - t0
+        r.log.append(f"outcome: {r.outcome} ({r.seconds:.0f} s: build {r.build_s:.0f}, "
+                     f"waiting for the GPU {r.wait_s:.0f}, tests {r.tests_s:.0f})")
+        if self.args.out:
+            with open(os.path.join(self.args.out, f"mutant_{m.log_name}.log"), "w") as f:
+                f.write("\n".join(r.log) + "\n")
+        self.say(f"{r.outcome:>10}  {m.name}  ({r.seconds:.0f} s: build {r.build_s:.0f}, "
+                 f"wait {r.wait_s:.0f}, tests {r.tests_s:.0f})")
+        return r
+
+    def _mutate(self, m, tree, r):
+        full = os.path.join(tree, m.path)
+        try:
+            with open(full) as f:
+                original = f.read()
+        except OSError:
+            original = ""
+        if original.count(m.text) != 1:
+            return "text not found once: fix the mutant"
+        os.unlink(full)   # a new file: whatever else links to it keeps the original
+        with open(full, "w") as f:
+            f.write(original.replace(m.text, m.replacement))
+        return None
+
+    def _build(self, m, work, tree, r):
+        if m.problem:
+            r.log += ["--- build", m.problem]
+            return "did not build"
+        t0 = time.time()
+        if m.kind == "python":
+            copy_files(os.path.join(self.tmp, "extension"),
+                       [os.path.relpath(p, os.path.join(self.tmp, "extension")) for p in
+                        glob.glob(os.path.join(self.tmp, "extension", EXTENSION))], tree)
+            return None
+        if m.kind == "c++":
+            objects = os.path.join(tree, os.path.relpath(self.temp_dir, self.root))
+            redo = set(m.objects)
+            shutil.copytree(os.path.join(self.tmp, "objects"), objects, symlinks=True,
+                            ignore=lambda d, names: [n for n in names if os.path.relpath(
+                                os.path.join(d, n), os.path.join(self.tmp, "objects")) in redo])
+            env = dict(self.env, MUTANTS_COMPILE=os.pathsep.join(
+                os.path.join(objects, o) for o in m.objects))
+            rc, out, _ = self.procs.run([sys.executable, "-c", DRIVER], cwd=tree, env=env)
+            if rc == 0 and not glob.glob(os.path.join(tree, EXTENSION)):
+                rc, out = 1, out + "\nmutants.py: setup.py made no " + EXTENSION
+        else:
+            build = os.path.join(work, "cmake")
+            copy_files(os.path.join(self.tmp, "cmake"),
+                       sorted(command_inputs(m.commands, m.made, os.path.join(self.tmp, "cmake"))),
+                       build)
+            for cmd in m.commands:
+                for w in _words(cmd):
+                    if "/" in w and not w.startswith("-") and not os.path.isabs(w):
+                        os.makedirs(os.path.join(build, os.path.dirname(w)), exist_ok=True)
+            rc, out = 0, ""
+            for cmd in m.commands:
+                rc, said, _ = self.procs.run(in_copy(cmd, self.root, tree), cwd=build,
+                                             env=self.env, shell=True)
+                out += f"$ {cmd}\n{said}"
+                if rc != 0:
+                    break
+        r.build_s = time.time() - t0
+        r.log += [f"--- build: rc={rc} ({r.build_s:.0f} s)", out]
+        return "did not build" if rc != 0 else None
+
+    def _tests(self, m, work, tree, r):
+        if m.kind == "core":
+            made = [o for c in m.commands for o in _outputs(_words(c))]
+            binary = next((o for o in made if os.path.basename(o) == "core_tests"), "core_tests")
+            cmd = [os.path.join(work, "cmake", binary),
+                   "--gtest_filter=" + ":".join(t[5:] for t in m.tests)]
+            gate = contextlib.nullcontext()
+        else:
+            cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *m.tests]
+            gate = self.gate.hold(m.exclusive)
+        t0 = time.time()
+        with gate:
+            r.wait_s = time.time() - t0
+            t1 = time.time()
+            rc, out, timed_out = self.procs.run(cmd, cwd=tree, env=self._test_env(tree),
+                                                timeout=self.args.timeout)
+            r.tests_s = time.time() - t1
+        r.log += [f"--- tests: rc={rc}{' (timed out)' if timed_out else ''} "
+                  f"({r.tests_s:.0f} s, after {r.wait_s:.0f} s waiting for the GPU)", out]
+        return outcome_of(m.kind, rc, out, timed_out)
+
+    # -- all of them
+
+    def run(self, chosen):
+        started = time.time()
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        results, interrupted = [], False
+        if self.args.out:
+            self.args.out = os.path.abspath(self.args.out)
+            os.makedirs(self.args.out, exist_ok=True)
+        self.tmp = tempfile.mkdtemp(prefix="torch_uvm_mutants.", dir=self.args.tmp)
+        try:
+            if any(m.kind == "core" for m in chosen):
+                self.cmake = cmake_dir(self.root, self.args.cmake_build)
+                if not self.cmake:
+                    raise SystemExit("no CMake build with core_tests (build/ or build-gpu/, or "
+                                     "--cmake-build DIR): run cmake -S . -B build -G Ninja "
+                                     "&& cmake --build build")
+            if not self.args.no_build:
+                self.build_tree(chosen)
+            self.plan(chosen)
+            t0 = time.time()
+            files = self.snapshot(chosen)
+            self.say(f"{len(chosen)} mutants, {self.args.jobs} at a time, on a copy of "
+                     f"{describe_tree(self.root)} ({files} files and the builds, copied in "
+                     f"{time.time() - t0:.1f} s)")
+            seen = set()
+            for m in chosen:   # one log each, whatever their names
+                k = 2
+                while m.log_name in seen:
+                    m.log_name, k = f"{m.slug}_{k}", k + 1
+                seen.add(m.log_name)
+            order = sorted(enumerate(chosen),
+                           key=lambda im: (KIND_ORDER[im[1].kind], not im[1].exclusive, im[0]))
+            pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.args.jobs)
+            try:
+                pending = {pool.submit(self.run_one, i, m) for i, m in order}
+                while pending:
+                    done, pending = concurrent.futures.wait(
+                        pending, timeout=0.5, return_when=concurrent.futures.FIRST_COMPLETED)
+                    results += [f.result() for f in done if f.result() is not None]
+            except KeyboardInterrupt:
+                interrupted = True
+                self.procs.kill_all()
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
+        except KeyboardInterrupt:
+            interrupted = True
+            self.procs.kill_all()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            if self.args.keep:
+                print(f"kept: {self.tmp}")
+            else:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+        return self.report(chosen, results, time.time() - started, interrupted)
+
+    def report(self, chosen, results, wall, interrupted):
+        by_name = {r.mutant.name: r for r in results}
+        rows = [by_name[m.name] for m in chosen if m.name in by_name]
+        lines = ["| mutant | the tests that must kill it | outcome | s |", "|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r.mutant.name} | {', '.join(t.split('::')[-1] for t in r.mutant.tests)}"
+                         f" | {r.outcome} | {r.seconds:.0f} |")
+        killed = sum(r.outcome in KILLED for r in rows)
+        lines += ["", f"{killed} of {len(rows)} killed"
+                  + (f" ({len(chosen) - len(rows)} not run: interrupted)" if interrupted else "")
+                  + f"; {wall:.0f} s wall, {self.args.jobs} at a time (the mutants' own times "
+                  f"add up to {sum(r.seconds for r in rows):.0f} s); tree: {describe_tree(self.root)}"]
+        print("\n" + "\n".join(lines))
+        if self.args.out:
+            with open(os.path.join(self.args.out, "summary.md"), "w") as f:
+                f.write("\n".join(lines) + "\n")
+        if interrupted:
+            return 130
+        return 0 if killed == len(chosen) else 1
+
+
+def _interrupt(*_):
+    raise KeyboardInterrupt()
+
+
+def describe_tree(root):
+    """The commit and the uncommitted changes, as git says (where it can)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        changed = subprocess.run(["git", "status", "--porcelain"], cwd=root, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout
+    except OSError:
+        return "a tree that git does not know"
+    if head.returncode != 0:
+        return "a tree that git does not know"
+    n = len([line for line in changed.splitlines() if line.strip()])
+    return head.stdout.strip() + (f" with {n} uncommitted changes" if n else "")
+
+
+def list_mutants(chosen, root):
+    """Each mutant, how it would run, and whether its text is in its file once."""
+    cache, bad = {}, []
+    print(f"{'#':>3}  {'kind':6}  {'GPU':6}  {'text':5}  mutant")
+    for i, m in enumerate(chosen, 1):
+        try:
+            with open(os.path.join(root, m.path)) as f:
+                count = f.read().count(m.text)
+        except OSError:
+            count = 0
+        if "exclusive" in m.options:
+            m.exclusive = bool(m.options["exclusive"])
+        elif m.gpu:
+            m.exclusive = any(measures_device_memory(t, root, cache) for t in m.tests)
+        gpu = "-" if not m.gpu else "alone" if m.exclusive else "shared"
+        text = "once" if count == 1 else f"{count}x"
+        if count != 1:
+            bad.append(m)
+        print(f"{i:>3}  {m.kind:6}  {gpu:6}  {text:5}  {m.name}  ({m.path})")
+    kinds = {k: sum(m.kind == k for m in chosen) for k in KIND_ORDER}
+    print(f"\n{len(chosen)} mutants: {kinds['c++']} C++, {kinds['python']} Python, "
+          f"{kinds['core']} core (no GPU); {sum(m.exclusive for m in chosen)} need the GPU alone")
+    for m in bad:
+        print(f"text not found once: '{m.name}' in {m.path}")
+    print("every text is in its file once" if not bad else f"{len(bad)} texts not found once")
+    return 1 if bad else 0
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="substrings of mutant names (default: all)")
-    parser.add_argument("--out", default=None, help="folder for the log of each mutant")
     parser.add_argument("--core", action="store_true",
-                        help="only the host-runtime mutants (no GPU needed; needs build/)")
-    args = parser.parse_args()
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-    chosen = [m for m in MUTANTS if (not args.names or any(n in m[0] for n in args.names))
+                        help="only the host-runtime mutants (no GPU needed; needs the CMake build)")
+    parser.add_argument("--list", action="store_true",
+                        help="list the mutants and check that each text is in its file once")
+    parser.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
+                        help="mutants at a time (default: half the CPUs, at most 8)")
+    parser.add_argument("--test-slots", type=int, default=0,
+                        help="test runs sharing the GPU at a time (default: --jobs)")
+    parser.add_argument("--timeout", type=float, default=300,
+                        help="seconds for one mutant's tests; a run past it counts as killed")
+    parser.add_argument("--out", default=None, help="folder for the log of each mutant and the table")
+    parser.add_argument("--cmake-build", default=None,
+                        help="the CMake build of core_tests (default: build, else build-gpu)")
+    parser.add_argument("--no-build", action="store_true",
+                        help="do not build this tree first (its builds must be up to date)")
+    parser.add_argument("--tmp", default=None, help="where the copies go (default: the temp folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the copies")
+    args = parser.parse_args(argv)
+    chosen = [Mutant(m) for m in MUTANTS if (not args.names or any(n in m[0] for n in args.names))
               and (not args.core or m[4][0].startswith("core:"))]
-    rows, survived = [], 0
-    try:
-        survived = run_all(chosen, args.out, rows)
-    finally:   # whatever happened, what was built is built from the source again
-        restored = build(core=args.core)
-    print("\n| mutant | the tests that must kill it | outcome |\n|---|---|---|")
-    for name, outcome, _, tests in rows:
-        print(f"| {name} | {', '.join(t.split('::')[-1] for t in tests)} | {outcome} |")
-    print(f"\n{len(rows) - survived} of {len(rows)} killed; rebuilt from the original "
-          f"source: rc={restored.returncode}")
-    return 1 if survived or restored.returncode else 0
-
-
-def run_all(chosen, out, rows):
-    survived = 0
-    for name, path, text, replacement, tests in chosen:
-        full = os.path.join(ROOT, path)
-        original = open(full).read()
-        if original.count(text) != 1:
-            rows.append((name, "text not found once: fix the mutant", 0, tests))
-            survived += 1
-            continue
-        # a killed run leaves the mutant on disk: `git checkout -- <file>` undoes it
-        t0 = time.time()
-        try:
-            open(full, "w").write(original.replace(text, replacement))
-            made = build(core=tests[0].startswith("core:"))
-            if made.returncode != 0:
-                outcome = "did not build"
-                log = made.stdout
-            else:
-                rc, log = run_tests(tests)
-                outcome = "killed" if rc == 1 else "SURVIVED" if rc == 0 else f"tests rc={rc}"
-        finally:
-            open(full, "w").write(original)
-        survived += outcome != "killed"
-        rows.append((name, outcome, time.time() - t0, tests))
-        print(f"{outcome:>10}  {name}  ({time.time() - t0:.0f} s)", flush=True)
-        if out:
-            slug = "".join(c if c.isalnum() else "_" for c in name)[:60]
-            with open(os.path.join(out, f"mutant_{slug}.log"), "w") as f:
-                f.write(log)
-    return survived
+    if not chosen:
+        parser.error("no mutant matches")
+    if args.list:
+        return list_mutants(chosen, ROOT)
+    args.jobs = max(1, args.jobs)
+    return Runner(ROOT, args).run(chosen)
 
 
 if __name__ == "__main__":
