@@ -207,12 +207,12 @@ void StreamExecutor::make_room(std::size_t extra) {
 // optimizer's first states) is not drawn by a bring: room is made for it
 // just before the work that makes it, so the books never pass the budget
 // when it is adopted.
-void StreamExecutor::room_for(std::size_t bytes, int keep) {
+void StreamExecutor::room_for(std::size_t bytes) {
   if (bytes == 0) return;
   reap_homes();
   carry_out(budget_.make_room(device_.index(), share_, bytes));
   const ResidencyStats s = budget_.share_stats(share_);
-  if (s.resident_bytes + bytes > s.limit && let_go_of_what_can_wait(keep)) {
+  if (s.resident_bytes + bytes > s.limit && let_go_of_what_can_wait()) {
     carry_out(budget_.make_room(device_.index(), share_, bytes));
   }
   make_room(bytes);
@@ -352,11 +352,11 @@ std::vector<EvictionStep> StreamExecutor::admit(int id, bool required) {
   }
 }
 
-bool StreamExecutor::let_go_of_what_can_wait(int keep) {
+bool StreamExecutor::let_go_of_what_can_wait() {
   bool any = !staged_.empty();
   while (!staged_.empty()) unstage(units_[staged_.back()]);
   for (Unit& u : units_) {
-    if (!u.held || !u.running_backward || &u - units_.data() == keep) continue;
+    if (!u.held || !u.running_backward) continue;
     u.held = false;
     for (int id : u.tensors) release(id);
     any = true;
@@ -507,7 +507,11 @@ void StreamExecutor::before(int unit, bool backward) {
   // (a forward recomputed inside a backward, activation checkpointing, runs
   // units the backward already passed: nothing to bring ahead of it)
   if (planned_ && (backward || !in_backward_)) stage_next(unit, backward);
-  if (backward) room_for(new_grad_bytes(u), unit);
+  // Room for its gradients may let go of this unit too: its weights then
+  // leave only if nothing else can, and its backward reads them where they
+  // are. Kept held, the host would wait for copies home at every unit
+  // (GPT-2 1.2B under 4 GiB, H100, 2026-11-25: 0.67 s a step against 0.48).
+  if (backward) room_for(new_grad_bytes(u));
 }
 
 std::size_t StreamExecutor::new_grad_bytes(const Unit& u) const {

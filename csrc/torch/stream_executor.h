@@ -215,9 +215,8 @@ class StreamExecutor {
   // For a bring that must happen now and finds the budget held: units
   // brought ahead, and units whose backward is under way (if their weights
   // leave, their kernels read them in place in their home: weights are
-  // not written in backward), stop holding, but `keep` (the unit asking).
-  // Returns whether any did.
-  bool let_go_of_what_can_wait(int keep = -1);
+  // not written in backward), stop holding. Returns whether any did.
+  bool let_go_of_what_can_wait();
   // Admits `id` (the budget's evictions to carry out); `required`: when the
   // budget is held, lets go of what can wait and tries once more, and names
   // who holds it if it still does not fit.
@@ -265,8 +264,8 @@ class StreamExecutor {
   // before drawing a slot: waits while they hold the share over its
   // budget, with `extra` bytes more
   void make_room(std::size_t extra = 0);
-  // Before work that makes `bytes` on the GPU (for unit `keep`'s backward).
-  void room_for(std::size_t bytes, int keep = -1);
+  // Before work that makes `bytes` on the GPU.
+  void room_for(std::size_t bytes);
   // Where brought slots come from: one range the size of the budget, or of
   // all the share could hold if that is less (slot_memory.h), drawn at the
   // first bring and let go with evict_all.

@@ -433,7 +433,9 @@ def test_streaming_holds_no_more_gpu_memory_than_its_budget_while_the_host_runs_
     waits for the host to see the GPU pass it. Measured by PyTorch's own
     allocator, which holds the slots alone (UVM on), apart from the
     budget's books: the memory it reserves from the GPU (a slot freed but
-    held back counts as not allocated, and new memory is reserved)."""
+    held back counts as not allocated, and new memory is reserved). The
+    GPU is still asleep once the host has queued it all: no draw waited on
+    the host for the GPU to pass a slot."""
     x = torch.randn(16, 2048, device="cuda")
     with torch.no_grad():
         want = make_model(layers=16).cuda()(x)
@@ -446,11 +448,16 @@ def test_streaming_holds_no_more_gpu_memory_than_its_budget_while_the_host_runs_
             torch.cuda.synchronize()
             uvm.empty_cache()                             # the slots' cache too
             uvm.reset_peak_memory_stats()
-            torch.cuda._sleep(200_000_000)                # the GPU sleeps ~0.1 s
+            torch.cuda._sleep(1_000_000_000)              # the GPU sleeps ~0.6 s
+            woke = torch.cuda.Event()
+            woke.record()
             out = model(x)                                # the host queues it all meanwhile
             stats = uvm.memory_stats()                    # before the GPU wakes
+            # no slot's reuse waited for the host to see the GPU pass it
+            queued_asleep = not woke.query()
         torch.cuda.synchronize()
         assert torch.equal(out, want)
+        assert queued_asleep
         streamed = [u for u in handle.units if u not in handle.resident_units()]
         assert len(streamed) >= 10                        # most of them streamed
         assert stats["slots.cuda:0.reserved_bytes.peak"] <= budget
@@ -996,7 +1003,7 @@ def test_a_forward_brings_weights_written_at_home_after_the_write(uvm):
                 p.mul_(1)                  # writes; and mul_'s kernel is loaded now: a
             torch.cuda.synchronize()       # lazy load would hold the host until the sleep ends
             assert any(where(p) == "host" for p in model.parameters())   # some at home
-            torch.cuda._sleep(200_000_000)                # the writes below land late
+            torch.cuda._sleep(2_000_000_000)              # the writes below land late (~1 s)
             for p in model.parameters():
                 p.mul_(0)                                 # in place: the version moves
             out = model(x)
