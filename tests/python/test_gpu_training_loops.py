@@ -156,6 +156,45 @@ def test_inference_with_routing_that_changes_each_pass_stays_within_its_budget(u
     assert max(staged) <= 1
 
 
+class EarlyExit(torch.nn.Module):
+    """Eight layers; after two full passes, each pass stops one layer
+    earlier than the last (7, 6, 5, 4, 3, then 7 again): the layer the last
+    one ran brought ahead is never run."""
+
+    def __init__(self, layers=8, width=1024):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(layers))
+        self.calls = 0
+
+    def forward(self, x):
+        depth = len(self.layers) if self.calls < 2 else 7 - (self.calls - 2) % 5
+        self.calls += 1
+        for layer in self.layers[:depth]:
+            x = torch.relu(layer(x))
+        return x
+
+
+def test_inference_that_exits_early_gives_the_all_resident_outputs(uvm):
+    """Each early exit leaves the next layer brought ahead and never run: the
+    outputs equal all resident's bit for bit, and what is brought ahead
+    never piles up beyond one window (ahead = 1), whatever the exits."""
+    x = torch.randn(16, 1024, device="cuda")
+    reference = EarlyExit().cuda()
+    with torch.no_grad():
+        want = [reference(x) for _ in range(12)]
+    model = EarlyExit()
+    handle = uvm.offload(model, budget=16 * MiB, mode="prefetch")
+    got, staged = [], []
+    with torch.no_grad():
+        for _ in range(12):
+            got.append(model(x))
+            staged.append(len(handle.executor.staged()))
+    torch.cuda.synchronize()
+    assert equal(got, want)
+    assert max(staged[2:]) <= 1, staged
+
+
 class TwoWays(torch.nn.Module):
     """A unit with two weights of its own, one used each step: its
     gradients never all arrive, so its backward never completes."""
@@ -181,6 +220,29 @@ def test_units_whose_gradients_never_all_arrive_let_go_when_a_bring_needs_room(u
         return torch.nn.Sequential(*[TwoWays() for _ in range(12)])
     batches = data(4)
     both(uvm, build, lambda m, o: train(m, o, batches), budget=48 * MiB)
+
+
+def test_gradients_accumulated_over_many_backwards_let_go_when_a_bring_needs_room(uvm):
+    """Accumulating over four backwards: from the third, every weight has a
+    gradient already, so no room is made for new ones, and units whose
+    gradients never all arrive stay held through the backward. A bring that
+    must happen finds the budget held and lets them go, rather than fail."""
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*[TwoWays() for _ in range(12)])
+    batches = data(8)
+
+    def loop(model, optimizer):
+        losses = []
+        for i, x in enumerate(batches):
+            loss = model(x).square().mean() / 4
+            loss.backward()
+            losses.append(loss.item())
+            if i % 4 == 3:
+                optimizer.step()
+                optimizer.zero_grad()
+        return losses
+    both(uvm, build, loop, budget=48 * MiB)
 
 
 class Adapted(torch.nn.Module):
