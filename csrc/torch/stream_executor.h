@@ -3,7 +3,10 @@
 // step (bring, wait, evict, write home). It is C++ because it runs for every
 // submodule on every pass: torch_uvm/offload.py's hooks only call it. What
 // stays and what leaves is core/residency's; how one tensor arrives and
-// leaves is streamed_tensor's.
+// leaves is streamed_tensor's. The definitions: stream_executor.cpp (the
+// books and the plan), stream_executor_memory.cpp (the arena, the homes,
+// what leaves), stream_executor_pass.cpp (a pass: bring ahead, let go) and
+// stream_executor_training.cpp (gradients and steps).
 //
 // Memory: every slot a bring draws comes from one range of the share's
 // budget (core/slot_arena.h), so the GPU memory it streams through is the
