@@ -89,6 +89,10 @@ def test_set_enabled_requires_a_bool():
     (lambda: torch_uvm.set_memory_cap("1GB"), "bytes"),
     (lambda: torch_uvm.set_release_threshold(-1), ">= 0"),
     (lambda: torch_uvm.manage_memory(torch.ones(2).to_sparse()), "strided"),
+    (lambda: list(torch_uvm.prefetching([torch.ones(2)], "cuda", ahead=0)),
+     "ahead must be a positive int"),
+    (lambda: torch_uvm._C.set_copy_mechanisms("fast", "kernel"),
+     "'copy_engine' or 'kernel', got 'fast'"),
 ])
 def test_bad_input_is_a_clear_exception(call, match):
     with pytest.raises((ValueError, TypeError), match=match):

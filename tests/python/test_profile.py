@@ -3,6 +3,7 @@ JSON and plot. Driven through the residency policy itself (the process-wide
 budget the streaming engine uses), so it runs without a GPU; the GPU test of
 an offloaded model's timeline is in test_gpu_offload.py."""
 import json
+import sys
 import warnings
 
 import pytest
@@ -72,6 +73,15 @@ def test_a_profile_writes_json_and_a_plot(budget, tmp_path):
     pytest.importorskip("matplotlib")
     p.plot(str(tmp_path / "r.png"))
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_plot_without_matplotlib_says_how_to_get_it(budget, tmp_path, monkeypatch):
+    with torch_uvm.profile() as p:
+        steps(budget)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)     # import fails
+    with pytest.raises(RuntimeError, match="needs matplotlib: pip install matplotlib"):
+        p.plot(str(tmp_path / "r.png"))
+    assert not (tmp_path / "r.png").exists()
 
 
 def test_profile_bad_input_and_overflow(budget):
