@@ -366,16 +366,23 @@ def keep_states_home(handle: "Offloaded", optimizer: torch.optim.Optimizer) -> N
         # Loaded without map_location (as Lightning does), they land in
         # host memory, not all on the GPU at once. The live states stay.
         torch.cuda.synchronize(handle.device)    # the copies home have passed
+        params = [p for g in opt.param_groups for p in g["params"]]
+        saved = [i for g in state_dict["param_groups"] for i in g["params"]]
+        streamed = {k for k, p in zip(saved, params) if id(p) in ours}
         state = {}
         for k, values in state_dict["state"].items():
-            state[k] = {key: _on_cpu(v) for key, v in values.items()}
+            state[k] = {key: _on_cpu(v) for key, v in values.items()} if k in streamed \
+                else values
         return {**state_dict, "state": state}
     handle._handles.append(optimizer.register_load_state_dict_pre_hook(to_homes))
     handle._handles.append(optimizer.register_state_dict_post_hook(seen_on_cpu))
 
 
 def _on_cpu(t):
-    """A state as a checkpoint saves it (keep_states_home)."""
+    """A streamed parameter's state as a checkpoint saves it
+    (keep_states_home): over its home where it is at home, else a copy
+    (a state in a slot, within the budget; one loaded and not yet
+    stepped)."""
     if not _streamable(t):
         return t
     home = _C.home_on_cpu(t)

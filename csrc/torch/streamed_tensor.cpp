@@ -62,15 +62,13 @@ void set_copy_mechanisms(CopyMechanisms m) {
 
 at::Tensor home_on_cpu(const at::Tensor& t) {
   if (!t.defined() || !t.has_storage()) return {};
+  // Only a home a streamed tensor points at: one not yet taken over (a
+  // state just loaded) has its memory moved out of its storage when it is
+  // (take_memory), and an alias holding that storage would dangle.
   const c10::DataPtr& memory = t.storage().data_ptr();
-  c10::Storage home;
-  if (is_pinned_home(memory)) {
-    home = t.storage();
-  } else if (memory.get_deleter() == &release_storage) {  // pointed at (point_at)
-    const auto& now = *static_cast<const c10::Storage*>(memory.get_context());
-    if (is_pinned_home(now.data_ptr())) home = now;
-  }
-  if (!home) return {};
+  if (memory.get_deleter() != &release_storage) return {};
+  const c10::Storage home = *static_cast<const c10::Storage*>(memory.get_context());
+  if (!is_pinned_home(home.data_ptr())) return {};
   c10::Storage seen = storage_seen_on(home, c10::Device(c10::kCPU), /*allocator=*/nullptr,
                                       /*resizable=*/false);
   return at::empty({0}, t.options().device(c10::kCPU))

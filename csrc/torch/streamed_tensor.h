@@ -53,10 +53,11 @@ void point_at(const at::Tensor& target, const c10::Storage& memory);
 // `memory` is not a streamed tensor's.
 bool record_stream_of_streamed(const c10::DataPtr& memory, c10::cuda::CUDAStream stream);
 
-// `t` seen as a CPU tensor over the same memory where that memory is a
-// pinned home (a streamed tensor at home, or a home pinned_home_copy made),
-// keeping the home alive; undefined otherwise. What a checkpoint saves, so
-// that loading it never lands on the GPU. Copies home must have passed.
+// `t` seen as a CPU tensor over the same memory where `t` is a streamed
+// tensor at its pinned home, keeping the home alive; undefined otherwise.
+// What a checkpoint saves, so that loading it never lands on the GPU.
+// Copies home must have passed. (The home is live: written in place by
+// later steps where it was given, replaced where the executor made it.)
 at::Tensor home_on_cpu(const at::Tensor& t);
 
 // Copies `bytes` from `src` to `dst` on `stream` by `by`; either side may be

@@ -419,6 +419,13 @@ def test_loaded_optimizer_states_go_to_their_homes(uvm):
             states = [t for st in fresh.state.values() for t in st.values()
                       if isinstance(t, torch.Tensor) and t.nbytes >= 64 << 10]
             assert len(states) == 16 and all(memory_type(t) == "host" for t in states)
+            # loaded and not yet stepped, a state is not yet the executor's:
+            # a checkpoint copies it (an alias would lose its memory when
+            # the executor takes the home over)
+            early = [t for st in fresh.state_dict()["state"].values() for t in st.values()
+                     if isinstance(t, torch.Tensor) and t.nbytes >= 64 << 10]
+            assert len(early) == 16 and all(t.device.type == "cpu" for t in early)
+            assert not {t.data_ptr() for t in early} & {t.data_ptr() for t in states}
             # no state passed through the GPU: at most one layer's at a time
             assert torch.cuda.max_memory_allocated() - allocated <= 8 * MiB
         second, _ = train(model, fresh, batches[2:])
