@@ -11,8 +11,14 @@ TRAIN = os.path.join(ROOT, "tests", "multigpu", "train_ranks.py")
 
 def test_the_data_parallel_script_runs_two_cpu_ranks(tmp_path):
     out = tmp_path / "ddp.json"
-    r = torchrun(TRAIN, "--mode", "ddp", "--uvm", "0", "--device", "cpu", "--steps", "3",
-                 "--out", str(out), timeout=300)
+    run = lambda: torchrun(TRAIN, "--mode", "ddp", "--uvm", "0", "--device", "cpu",  # noqa: E731
+                           "--steps", "3", "--out", str(out), timeout=300)
+    r = run()
+    # A gloo rank can abort in its transport threads' teardown (std::terminate
+    # with no exception; seen once in a full CPU run on 2026-11-25, never
+    # alone in three runs, with torch_uvm not imported: --uvm 0). Once more.
+    if r.returncode != 0 and "terminate called without an active exception" in r.stderr:
+        r = run()
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     ranks = json.loads(out.read_text())["ranks"]
     assert [x["rank"] for x in ranks] == [0, 1]
