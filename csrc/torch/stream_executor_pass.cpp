@@ -30,6 +30,8 @@ void StreamExecutor::before(int unit, bool backward) {
     u.staged = false;  // its holds pass to this run
     staged_.erase(std::find(staged_.begin(), staged_.end(), unit));
   } else {
+    // on demand: the compute stream waits for it ("bring_ahead": came
+    // while an earlier unit ran)
     TraceScope scope("bring", u.name, [&] { return unit_bytes(unit); }, stream_ref(bring_stream_));
     bring_entries(u.tensors, bring_stream_);
   }
@@ -118,7 +120,7 @@ void StreamExecutor::stage_next(int unit, bool backward) {
     if (ahead > 0 && ahead + v.stream_bytes > cap) break;
     ahead += v.stream_bytes;
     if (v.staged || v.running) continue;
-    TraceScope scope("bring", v.name, [&] { return unit_bytes(next); },
+    TraceScope scope("bring_ahead", v.name, [&] { return unit_bytes(next); },
                      stream_ref(bring_stream_));
     // brought ahead only where the arena has room (it comes on demand)
     if (!bring_entries(v.tensors, bring_stream_, /*optional=*/true)) break;

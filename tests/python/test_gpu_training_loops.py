@@ -195,6 +195,67 @@ def test_inference_that_exits_early_gives_the_all_resident_outputs(uvm):
     assert max(staged[2:]) <= 1, staged
 
 
+class Skips(torch.nn.Module):
+    """Twelve layers; every other call skips layer 1 (a conditional branch)."""
+
+    def __init__(self, layers=12, width=1024, skipped=1):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(layers))
+        self.skipped, self.calls = skipped, 0
+
+    def forward(self, x):
+        skip = self.calls % 2 == 1
+        self.calls += 1
+        for i, layer in enumerate(self.layers):
+            if not (skip and i == self.skipped):
+                x = torch.relu(layer(x))
+        return x
+
+
+def test_a_unit_brought_ahead_and_skipped_leaves_room_to_bring_the_next_ones_ahead(uvm):
+    """A pass that skips a unit it brought ahead lets go of it once it has
+    gone past: the unit after the skipped one comes on demand (nothing
+    brought it), and every later one is brought ahead again. Kept held, the
+    skipped unit fills the window, and the next unit's bring ahead finds no
+    room: it too comes on demand. Which brings came ahead and which on
+    demand is read from torch.profiler's trace (torch_uvm::bring_ahead and
+    torch_uvm::bring ranges), not from the executor's books."""
+    import json
+    import tempfile
+    from torch.profiler import ProfilerActivity, profile
+    x = torch.randn(16, 1024, device="cuda")
+    reference = Skips().cuda()
+    with torch.no_grad():
+        want = [reference(x) for _ in range(8)]
+    model = Skips()
+    # 24 MiB: 3 layers resident beside a window of 2 (ahead = 1), and less
+    # than a layer to spare
+    handle = uvm.offload(model, budget=24 * MiB, mode="prefetch")
+    got = []
+    with torch.no_grad():
+        for _ in range(2):                               # learns the order; plans
+            got.append(model(x))
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(6):                           # skip, full, skip, ...
+                got.append(model(x))
+            torch.cuda.synchronize()
+    assert equal(got, want)
+    with tempfile.TemporaryDirectory() as folder:
+        path = f"{folder}/trace.json"
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            names = [e["name"] for e in json.load(f)["traceEvents"]
+                     if e.get("name", "").startswith("torch_uvm::bring")]
+    streamed = [u.name for u in handle.units_in_order() if u not in handle.resident_units()]
+    assert len(streamed) >= 6, streamed                    # streamed past the skip
+    on_demand = {n.split(" ", 1)[1] for n in names if n.startswith("torch_uvm::bring ")}
+    ahead = {n.split(" ", 1)[1] for n in names if n.startswith("torch_uvm::bring_ahead ")}
+    assert on_demand == {"layers.2"}, names               # only the one after the skip
+    assert set(streamed) - {"layers.2"} <= ahead, names
+
+
 class TwoWays(torch.nn.Module):
     """A unit with two weights of its own, one used each step: its
     gradients never all arrive, so its backward never completes."""
