@@ -7,6 +7,7 @@
 
 #include <ATen/core/grad_mode.h>
 #include <algorithm>
+#include <optional>
 
 #include "torch/stream_ref.h"
 #include "torch/trace_scope.h"
@@ -31,8 +32,11 @@ void StreamExecutor::before(int unit, bool backward) {
     staged_.erase(std::find(staged_.begin(), staged_.end(), unit));
   } else {
     // on demand: the compute stream waits for it ("bring_ahead": came
-    // while an earlier unit ran)
-    TraceScope scope("bring", u.name, [&] { return unit_bytes(unit); }, stream_ref(bring_stream_));
+    // while an earlier unit ran); a resident unit is only held, untraced
+    std::optional<TraceScope> scope;
+    if (!u.resident) {
+      scope.emplace("bring", u.name, [&] { return unit_bytes(unit); }, stream_ref(bring_stream_));
+    }
     bring_entries(u.tensors, bring_stream_);
   }
   u.held = true;
