@@ -7,9 +7,17 @@ A result file (JSON) holds {"machine": {...}, "comparisons": {name: summary}}
 where a summary is {"ratios": [...], "median", "min", "max", "target",
 "straddles", "lower_is_better"}; benchmarks/compare.py prints the change of
 each ratio between two such files.
+
+Honest by construction (issue 36): a link limit is the least that any
+placement must move (least_generation_bytes, least_training_limit_s), not
+the bytes of our own plan; every run keeps the all-resident variant and
+checks outputs against it (outputs_check); and each variant's GPU memory is
+the driver's answer for the whole process (ProcessGpuMemory), apart from
+any allocator's books.
 """
 import json
 import subprocess
+import threading
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -143,11 +151,18 @@ def driver_args(ap, rounds: int, only: str):
     return ap
 
 
-def chosen(plan: Dict[str, List[str]], only: str, variants: Optional[str]) -> List[str]:
-    """The scenarios named by --only; with --variants, `plan` keeps only those."""
+# Kept by --variants in every run: the rate a link limit is computed from,
+# and the all-resident run whose outputs every variant is checked against.
+ALWAYS = ("pinned_rate", "resident")
+
+
+def chosen(plan: Dict[str, List[str]], only: str, variants: Optional[str],
+           always=ALWAYS) -> List[str]:
+    """The scenarios named by --only; with --variants, `plan` keeps only those
+    and the variants named in `always` that it has."""
     scenarios = [s for s in only.split(",") if s in plan]
     if variants:
-        keep = variants.split(",")
+        keep = variants.split(",") + list(always)
         for s in scenarios:
             plan[s] = [v for v in plan[s] if v in keep]
     return scenarios
@@ -223,3 +238,187 @@ def describe_profile(name: str, p: dict) -> str:
         lines.append(f"  {what}: {v['count']} ranges, {v['cpu_ms']:.1f} ms on the host, "
                      f"{v['bytes'] / 2**20:.0f} MiB")
     return "\n".join(lines)
+
+
+
+# The least any placement must move (issue 36). A budget of B bytes holds at
+# most B bytes of weights, so at least W - B bytes of the weights live
+# elsewhere and must cross the link whenever they are read: whatever plan
+# chose which ones. Our own plan may move more (what it keeps resident
+# besides weights, rounding to whole units); a figure against its own bytes
+# would flatter it.
+
+def least_generation_bytes(weights: int, budget: int) -> int:
+    """Bytes any placement must bring to the GPU per generated token: every
+    weight is read once per token and at most `budget` of them stay."""
+    return max(0, weights - budget)
+
+
+def least_generation_limit(weights: int, budget: int, h2d: float) -> Optional[float]:
+    """Tokens/s no placement can beat at `h2d` bytes/s to the GPU; None when
+    the weights fit (the link bounds nothing)."""
+    least = least_generation_bytes(weights, budget)
+    return h2d / least if least > 0 and h2d else None
+
+
+def least_training_bytes(weights: int, budget: int) -> dict:
+    """Bytes any placement must move per training step: the weights not
+    resident cross to the GPU once per pass (forward and backward), and the
+    update of each crosses back at least once (its gradient to a CPU step,
+    or the stepped weight to its home)."""
+    streamed = max(0, weights - budget)
+    return {"to_gpu_bytes": 2 * streamed, "home_bytes": streamed}
+
+
+def least_training_limit_s(weights: int, budget: int, h2d: float, d2h: float) -> float:
+    """Seconds per step no placement can beat: least_training_bytes at `h2d`
+    and `d2h` bytes/s, both directions at once."""
+    b = least_training_bytes(weights, budget)
+    return max(b["to_gpu_bytes"] / h2d, b["home_bytes"] / d2h)
+
+
+def round_rates(rate_runs: List[Optional[dict]], key: str, rounds: int,
+                default: Optional[float] = None) -> List[Optional[float]]:
+    """The pinned rate of each round (bytes/s), so a limit pairs with the runs
+    of the same round; a round whose pinned_rate failed takes the median of
+    the others, or `default` (bytes/s) when none ran."""
+    median = median_of(rate_runs, key, None)
+    fill = median * 1e9 if median is not None else default
+    out = [r[key] * 1e9 if r else fill for r in rate_runs]
+    return (out + [fill] * rounds)[:rounds]
+
+
+# Outputs against all-resident's (issue 36): every run has the resident
+# variant, and every variant's outputs (losses, tokens) are compared with its
+# first run, at the benchmark's own scale.
+
+def max_abs_difference(a: Optional[list], b: Optional[list]) -> Optional[float]:
+    """The largest |a[i] - b[i]|; None when either is missing or the lengths
+    differ (nothing to compare element by element)."""
+    if a is None or b is None or len(a) != len(b):
+        return None
+    return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+
+
+def outputs_check(outputs: List[list], reference: Optional[list]) -> dict:
+    """Every run's outputs against the reference: `same` (all bit for bit
+    equal; None without a reference) and the largest element difference over
+    the runs (None where one cannot be compared)."""
+    if reference is None:
+        return {"same": None, "max_abs_difference": None}
+    diffs = [max_abs_difference(o, reference) for o in outputs]
+    return {"same": all(o == reference for o in outputs),
+            "max_abs_difference": None if None in diffs or not diffs else max(diffs)}
+
+
+def describe_check(check: dict, exact: bool = True) -> str:
+    """A table cell for outputs_check: True/False where the variant computes
+    the same arithmetic as all-resident (a False also gives the difference),
+    the largest difference where it cannot be bit for bit by nature (another
+    optimizer kernel, a CPU step)."""
+    same, diff = check["same"], check["max_abs_difference"]
+    if same is None:
+        return "no resident run"
+    text = "n/a" if diff is None else f"{diff:.2g}"
+    if exact:
+        return "True" if same else f"False (max abs diff {text})"
+    return "0 (bit for bit)" if same else f"max abs diff {text}"
+
+
+# The process's GPU memory, measured by the driver (issue 36): an allocator's
+# or an offload's books say what they meant to hold; cudaMemGetInfo says
+# what the device gave the process, gradients, workspaces and all.
+
+class ProcessGpuMemory:
+    """Samples the device's free memory in a background thread while the
+    body runs; `result()` is the peak the process took beyond a baseline read
+    after CUDA's context and a warm-up kernel (the context and that kernel's
+    block are excluded). Use as a context manager; without CUDA it measures
+    nothing and `result()` is None.
+
+    cudaMemGetInfo counts the whole device, so another process on the same
+    GPU counts too; and a peak shorter than the interval (or than the GIL
+    lets the thread wake) can be missed: `samples` and `seconds` say how
+    densely it looked, and max_memory_reserved (exact, PyTorch's allocator
+    only) is reported beside it."""
+
+    def __init__(self, interval_s: float = 0.002, device: int = 0):
+        self.interval_s, self.device = interval_s, device
+        self.baseline_free: Optional[int] = None   # None: no CUDA, nothing measured
+        self.peak = 0                               # most of baseline_free - free seen
+        self.samples = 0
+        self.seconds = 0.0
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def __enter__(self) -> "ProcessGpuMemory":
+        try:
+            import torch
+            if not torch.cuda.is_available():
+                return self
+            warm = torch.ones(1, device=f"cuda:{self.device}")
+            warm.add_(1)
+            torch.cuda.synchronize(self.device)
+            del warm
+            self.baseline_free = torch.cuda.mem_get_info(self.device)[0]
+        except (ImportError, RuntimeError, AssertionError):
+            self.baseline_free = None
+            return self
+        self._t0 = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def sample(self) -> None:
+        """One reading now (also callable from the measured code, at a
+        moment it knows to be a peak)."""
+        if self.baseline_free is None:
+            return
+        import torch
+        free = torch.cuda.mem_get_info(self.device)[0]
+        self.peak = max(self.peak, self.baseline_free - free)
+        self.samples += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def __exit__(self, *exc) -> bool:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            import torch
+            torch.cuda.synchronize(self.device)
+            self.sample()
+            self.seconds = time.perf_counter() - self._t0
+        return False
+
+    def result(self) -> Optional[dict]:
+        """{"peak_bytes", "baseline_free_bytes", "samples", "seconds",
+        "max_memory_reserved", and torch_uvm's slot peaks when it is
+        imported}; None without CUDA."""
+        if self.baseline_free is None:
+            return None
+        import sys
+        import torch
+        out = {"peak_bytes": self.peak, "baseline_free_bytes": self.baseline_free,
+               "samples": self.samples, "seconds": self.seconds}
+        try:
+            out["max_memory_reserved"] = torch.cuda.max_memory_reserved(self.device)
+        except RuntimeError:
+            out["max_memory_reserved"] = None
+        uvm = sys.modules.get("torch_uvm")   # only if the variant imported it
+        if uvm is not None:
+            stats = uvm.memory_stats()
+            for key in ("reserved_bytes.peak", "allocated_bytes.peak"):
+                value = stats.get(f"slots.cuda:{self.device}.{key}")
+                if value is not None:
+                    out["slot_" + key.replace(".", "_")] = value
+        return out
+
+
+def gpu_memory_cell(results: List[Optional[dict]]) -> str:
+    """A table cell: the largest ProcessGpuMemory peak over a variant's runs,
+    in GiB ("—" where nothing was measured)."""
+    peaks = [r["peak_bytes"] for r in results if r]
+    return f"{max(peaks) / (1 << 30):.2f} GiB" if peaks else "—"

@@ -9,13 +9,21 @@ all resident; torch_uvm.offload in its auto mode (at batch 1 whichever of
 in place and prefetch moves the streamed bytes sooner: prefetch for this
 model), in place (_in_place) and in prefetch mode (streamed layers copied
 into GPU memory one submodule ahead, or two: _ahead2); accelerate
-dispatch_model with the same GPU share. Tokens/s; the
-tokens must equal all-resident's.
+dispatch_model with the same GPU share. Tokens/s; every run's tokens are
+checked equal to all-resident's (which every run includes).
 
-The link's limit: each token must bring the weights that are not resident
-across PCIe, so tokens/s <= pinned H2D rate / streamed bytes per token. The
+The link limit is the least any placement must move: each token reads every
+weight once, and a budget B holds at most B bytes of the W bytes of weights,
+so W - B bytes cross to the GPU per token whatever the plan, and tokens/s <=
+pinned H2D rate / (W - B) (headline, target 0.85). The bytes torch_uvm's own
+plan streams per token (more: what it keeps resident is whole units) are a
+second, labeled column; a ratio against them would flatter the plan. The
 pinned rate is measured by its own variant in every round (1 GiB pinned
 copies), so the limit and the runs share the machine's state.
+
+Beside every figure, the process's GPU memory as the driver sees it
+(method.ProcessGpuMemory: peak of mem_get_info's used bytes over a baseline
+taken after CUDA's context), apart from torch_uvm's books.
 
 Each variant in a fresh process, variants interleaved round by round.
 Writes offload_generate.json and .png to --out.
@@ -46,12 +54,24 @@ def gpt2():
 
 
 def run_generate(variant):
-    import torch
+    """One variant in this process: its result, with the process's GPU memory
+    measured by the driver around everything that touches the GPU."""
     if variant == "pinned_rate":
         return method.pinned_rate()
     if variant.startswith("torch_uvm"):
         import torch_uvm
-        torch_uvm.set_enabled_uvm(True)
+        torch_uvm.set_enabled_uvm(True)     # before CUDA starts (the sampler's warm-up)
+    gpu = method.ProcessGpuMemory()
+    with gpu:
+        result = measure(variant)
+    result["process_gpu_memory"] = gpu.result()
+    return result
+
+
+def measure(variant):
+    import torch
+    if variant.startswith("torch_uvm"):
+        import torch_uvm
     model = gpt2()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     ids = torch.randint(0, model.config.vocab_size, (1, PROMPT),
@@ -101,13 +121,53 @@ def run_generate(variant):
         extra["slot_bytes_peak"] = stats["slots.cuda:0.reserved_bytes.peak"]
         extra["slot_allocated_bytes_peak"] = stats["slots.cuda:0.allocated_bytes.peak"]
         resident = handle.resident_units()
-        # the weights not resident cross the link once per token
+        # torch_uvm's plan's own bytes per token: its units not resident (a
+        # secondary column: the limit is the least any placement moves)
         streamed = weights - sum(u.nbytes for u in resident)
         extra.update(mode=handle.mode, resident_units=len(resident), units=len(handle.units),
                      resident_names=[u.name for u in resident])
     return {"tokens_per_s": NEW_TOKENS / min(times), "weights_bytes": weights,
             "peak_resident_bytes": peak, "streamed_bytes_per_token": streamed,
             "tokens": out[0, PROMPT:].tolist(), **extra}
+
+
+LEAST = "the least any placement moves"
+
+
+def rows(runs, rates):
+    """Per variant: its tokens/s, the check of its tokens against all-resident's,
+    its GPU memory, and its tokens/s against the two limits of each round."""
+    ref = next((r["tokens"] for r in runs.get("resident", []) if r), None)
+    tables = {}
+    for v, rs in runs.items():
+        ok = [r for r in rs if r]
+        if v == "pinned_rate" or not ok:
+            continue
+        tokens = [r["tokens_per_s"] if r else None for r in rs]
+        weights = ok[-1]["weights_bytes"]
+        least = method.least_generation_bytes(weights, GEN_BUDGET)
+        plan = ok[-1]["streamed_bytes_per_token"]
+        row = {**{k: ok[-1][k] for k in ok[-1] if k not in ("tokens", "process_gpu_memory")},
+               "tokens_per_s": method.summarize([r["tokens_per_s"] for r in ok]),
+               "outputs": method.outputs_check([r["tokens"] for r in ok], ref),
+               "process_gpu_memory": [r.get("process_gpu_memory") for r in ok],
+               "least_bytes_per_token": least}
+        row["same_tokens"] = row["outputs"]["same"]
+        if v != "resident":   # all-resident streams nothing: no link bounds it
+            limits = [method.least_generation_limit(weights, GEN_BUDGET, rate) if rate else None
+                      for rate in rates]
+            row["link_limit_tokens_per_s"] = method.summarize([x for x in limits if x])
+            row["of_limit"] = method.ratio(tokens, limits, target=0.85, lower_is_better=False)
+            if plan:
+                own = [rate / plan if rate else None for rate in rates]
+                row["plan_limit_tokens_per_s"] = method.summarize([x for x in own if x])
+                row["of_plan_limit"] = method.ratio(tokens, own, lower_is_better=False)
+        tables[v] = row
+    return tables
+
+
+def cell(summary, fmt=".1f"):
+    return "—" if not summary else f"{summary['median']:{fmt}}"
 
 
 def main():
@@ -120,48 +180,45 @@ def main():
     method.chosen(PLAN, "generate", args.variants)
     runs = method.scenario_runs(os.path.abspath(__file__), PLAN, ["generate"], args.rounds,
                                 timeout=400)["generate"]
-    rates = [r["h2d_gbps"] if r else None for r in runs.get("pinned_rate", [])]
-    ref = next((r["tokens"] for r in runs.get("resident", []) if r), None)
+    rates = method.round_rates(runs.get("pinned_rate", []), "h2d_gbps", args.rounds)
+    tables = rows(runs, rates)
+    measured = [r for r in rates if r]
     print(f"\n(g) GPT-2-style, n_embd 2048, 30 layers (~3 GiB fp16), {NEW_TOKENS} tokens from "
           f"a {PROMPT}-token prompt, budget {GEN_BUDGET / GiB:.1f} GiB; pinned H2D rate this run: "
-          f"{method.summarize([r for r in rates if r])['median']:.1f} GB/s")
-    print("| variant | tokens/s (median, min-max) | link limit, tokens/s | of the limit | "
-          "peak resident (slots' reserved peak, measured) | streamed / token | tokens = all resident |")
-    print("|---|---|---|---|---|---|---|")
-    tables, compared = {}, {}
+          + (f"{method.summarize(measured)['median'] / 1e9:.1f} GB/s" if measured
+             else "not measured (pinned_rate failed): no limits"))
+    print(f"link limit = {LEAST}: the weights less the budget, per token, at the pinned H2D rate")
+    print(f"| variant | tokens/s (median, min-max) | link limit ({LEAST}), tokens/s | "
+          "of the limit | process GPU memory (peak, mem_get_info) | "
+          "peak resident (slots' reserved peak, measured) | torch_uvm's plan streams / token "
+          "(its limit, tokens/s; of it) | tokens = all resident |")
+    print("|---|---|---|---|---|---|---|---|")
     for v, rs in runs.items():
         if v == "pinned_rate":
             continue
-        ok = [r for r in rs if r]
-        if not ok:
-            print(f"| {v} | failed | | | | | |")
+        if v not in tables:
+            print(f"| {v} | failed | | | | | | |")
             continue
-        t = method.summarize([r["tokens_per_s"] for r in ok])
-        same = all(r["tokens"] == ref for r in ok) if ref else None
-        streamed = ok[-1]["streamed_bytes_per_token"]
-        limits = [rate * 1e9 / streamed if r and rate and streamed else None
-                  for r, rate in zip(rs, rates)]
-        share = method.ratio([r["tokens_per_s"] if r else None for r in rs], limits,
-                             target=0.85, lower_is_better=False) if streamed else None
-        lim = method.summarize([x for x in limits if x])
-        tables[v] = {**{k: ok[-1][k] for k in ok[-1] if k != "tokens"}, "tokens_per_s": t,
-                     "same_tokens": same, "link_limit_tokens_per_s": lim, "of_limit": share}
+        t, row = tables[v]["tokens_per_s"], tables[v]
+        slots = row.get("slot_bytes_peak")
+        plan = row["streamed_bytes_per_token"]
+        own = (f"{plan / MiB:.0f} MiB ({cell(row.get('plan_limit_tokens_per_s'))}; "
+               f"{cell(row.get('of_plan_limit'), '.2f')})") if plan else "—"
         print(f"| {v} | {t['median']:.1f} ({t['min']:.1f}-{t['max']:.1f}) | "
-              f"{lim['median']:.1f} | {share['median']:.2f} | " if share else
-              f"| {v} | {t['median']:.1f} ({t['min']:.1f}-{t['max']:.1f}) | — | — | ", end="")
-        slots = ok[-1].get("slot_bytes_peak")
-        print(f"{ok[-1]['peak_resident_bytes'] / MiB:.0f} MiB"
-              f"{f' ({slots / MiB:.0f})' if slots is not None else ''} | "
-              f"{streamed / MiB:.0f} MiB | {same} |")
-        if share and v.startswith("torch_uvm"):
-            compared[f"(g) {v}, tokens/s / link limit"] = share
-            # the least any placement must stream within the budget: all
-            # but the budget's bytes of the weights
-            least = ok[-1]["weights_bytes"] - GEN_BUDGET
-            compared[f"(g) {v}, tokens/s / the budget's limit (the weights less the budget "
-                     f"cross, {least / MiB:.0f} MiB)"] = method.ratio(
-                [r["tokens_per_s"] if r else None for r in rs],
-                [rate * 1e9 / least if rate else None for rate in rates], lower_is_better=False)
+              f"{cell(row.get('link_limit_tokens_per_s'))} | {cell(row.get('of_limit'), '.2f')} | "
+              f"{method.gpu_memory_cell(row['process_gpu_memory'])} | "
+              f"{row['peak_resident_bytes'] / MiB:.0f} MiB"
+              f"{f' ({slots / MiB:.0f})' if slots is not None else ''} | {own} | "
+              f"{method.describe_check(row['outputs'])} |")
+    compared = {}
+    for v, row in tables.items():
+        if v.startswith("torch_uvm") and row.get("of_limit"):
+            least = row["least_bytes_per_token"]
+            compared[f"(g) {v}, tokens/s / link limit ({LEAST}: the weights less the "
+                     f"budget, {least / MiB:.0f} MiB per token)"] = row["of_limit"]
+        if v.startswith("torch_uvm") and row.get("of_plan_limit"):
+            compared[f"(g) {v}, tokens/s / the limit of torch_uvm's plan's own streamed "
+                     f"bytes (secondary)"] = row["of_plan_limit"]
     if "accelerate_dispatch" in runs and "torch_uvm_offload" in runs:
         compared["(g) accelerate dispatch_model / torch_uvm.offload, tokens/s"] = method.ratio(
             [r["tokens_per_s"] if r else None for r in runs["accelerate_dispatch"]],
@@ -179,25 +236,32 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     method.write(os.path.join(args.out, "offload_generate.json"), compared, runs=runs,
                  tables=tables)
+    plot(tables, os.path.join(args.out, "offload_generate.png"))
+
+
+def plot(tables, path):
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(8, 4))
-        names = list(tables)
-        med, err = method.error_bars([tables[n]["tokens_per_s"] for n in names])
-        ax.bar(names, med, yerr=err, capsize=4)
-        lim = tables.get("torch_uvm_offload", {}).get("link_limit_tokens_per_s")
-        if lim:
-            ax.axhline(lim["median"], color="k", ls="--", label="link limit (torch_uvm's share)")
-            ax.legend()
-        ax.set_ylabel("tokens/s")
-        ax.tick_params(axis="x", rotation=20)
-        ax.set_title("(g) generate, 3 GiB model, 1.5 GiB budget")
-        fig.tight_layout()
-        fig.savefig(os.path.join(args.out, "offload_generate.png"), dpi=110)
     except ImportError:
         print("matplotlib missing: no plot")
+        return
+    fig, ax = plt.subplots(figsize=(8, 4))
+    names = list(tables)
+    med, err = method.error_bars([tables[n]["tokens_per_s"] for n in names])
+    ax.bar(names, med, yerr=err, capsize=4)
+    lim = next((t["link_limit_tokens_per_s"] for t in tables.values()
+                if t.get("link_limit_tokens_per_s")), None)
+    if lim:
+        ax.axhline(lim["median"], color="k", ls="--",
+                   label=f"link limit: {LEAST} (weights − budget per token)")
+        ax.legend()
+    ax.set_ylabel("tokens/s")
+    ax.tick_params(axis="x", rotation=20)
+    ax.set_title("(g) generate, 3 GiB model, 1.5 GiB budget")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,231 @@
+"""Benchmarks honest by construction (issue 36): the link limits are the
+least any placement moves, every variant's outputs are checked against
+all-resident's, and the process's GPU memory is measured apart from the
+books. The arithmetic and the tables, with made-up runs. No GPU."""
+import json
+import os
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import method            # noqa: E402
+import offload_generate  # noqa: E402
+import offload_train     # noqa: E402
+
+GiB = 1 << 30
+
+
+def test_generation_must_bring_the_weights_less_the_budget_per_token():
+    # the committed (g) model: 3231551488 bytes of fp16 weights, 1.5 GiB budget
+    assert method.least_generation_bytes(3231551488, 3 * GiB // 2) == 1620938752
+    assert method.least_generation_bytes(GiB, 2 * GiB) == 0          # it fits: nothing crosses
+    assert method.least_generation_limit(3 * GiB, GiB, 50e9) == pytest.approx(50e9 / (2 * GiB))
+    assert method.least_generation_limit(GiB, 2 * GiB, 50e9) is None  # no limit to be held to
+    assert method.least_generation_limit(3 * GiB, GiB, None) is None   # no rate measured
+
+
+def test_training_must_move_the_weights_less_the_budget_twice_in_and_once_out():
+    assert method.least_training_bytes(2 * GiB, GiB) == {"to_gpu_bytes": 2 * GiB,
+                                                         "home_bytes": GiB}
+    # both directions at once: the slower one bounds the step
+    assert method.least_training_limit_s(2 * GiB, GiB, 50e9, 50e9) == \
+        pytest.approx(2 * GiB / 50e9)                                  # to the GPU binds
+    assert method.least_training_limit_s(2 * GiB, GiB, 50e9, 20e9) == \
+        pytest.approx(GiB / 20e9)                                      # home binds
+    assert method.least_training_limit_s(GiB, 4 * GiB, 50e9, 50e9) == 0
+    # the least is below torch_uvm's own placement's (its AdamW moments cross too)
+    own = offload_train.link_limit(2 * GiB, GiB, 50e9, 50e9)
+    assert own["to_gpu_bytes"] == 2 * GiB + 4 * GiB and own["home_bytes"] == GiB + 4 * GiB
+    assert method.least_training_limit_s(2 * GiB, GiB, 50e9, 50e9) < own["seconds"]
+
+
+def test_the_committed_generation_figure_is_0_84_of_the_least_limit():
+    """Issue 36: against the least any placement moves, the 2026-11-24 run's
+    torch_uvm_offload figure is 0.84 (it was printed as 0.89 against the
+    plan's own streamed bytes)."""
+    path = os.path.join(ROOT, "benchmarks", "results", "2026-11-24-h100", "offload_generate.json")
+    if not os.path.exists(path):
+        pytest.skip("the committed result is not in this tree")
+    runs = json.load(open(path))["runs"]
+    rounds = len(runs["torch_uvm_offload"])
+    rates = method.round_rates(runs["pinned_rate"], "h2d_gbps", rounds)
+    tables = offload_generate.rows(runs, rates)
+    assert tables["torch_uvm_offload"]["of_limit"]["median"] == pytest.approx(0.839, abs=0.001)
+    assert tables["torch_uvm_offload"]["of_plan_limit"]["median"] == \
+        pytest.approx(0.889, abs=0.001)
+    # that run was chosen with --variants and left all-resident out, so its
+    # tokens were checked against nothing: method.chosen now keeps it
+    assert "resident" not in runs and tables["torch_uvm_offload"]["same_tokens"] is None
+
+
+def test_round_rates_pair_each_round_and_fill_a_failed_one():
+    runs = [{"h2d_gbps": 50.0}, None, {"h2d_gbps": 54.0}]
+    assert method.round_rates(runs, "h2d_gbps", 3) == [50e9, 52e9, 54e9]
+    assert method.round_rates([], "h2d_gbps", 2, default=55e9) == [55e9, 55e9]
+    assert method.round_rates([], "h2d_gbps", 2) == [None, None]
+
+
+def test_outputs_are_checked_bit_for_bit_or_by_their_largest_difference():
+    ref = [1.0, 0.5, 0.25]
+    same = method.outputs_check([[1.0, 0.5, 0.25], [1.0, 0.5, 0.25]], ref)
+    assert same == {"same": True, "max_abs_difference": 0.0}
+    off = method.outputs_check([[1.0, 0.5, 0.25], [1.0, 0.5, 0.2500003]], ref)
+    assert off["same"] is False and off["max_abs_difference"] == pytest.approx(3e-7)
+    assert method.describe_check(same) == "True"
+    assert method.describe_check(off) == "False (max abs diff 3e-07)"
+    assert method.describe_check(off, exact=False) == "max abs diff 3e-07"
+    assert method.describe_check(same, exact=False) == "0 (bit for bit)"
+    assert method.outputs_check([ref], None)["same"] is None
+    assert method.outputs_check([[1.0]], ref) == {"same": False, "max_abs_difference": None}
+
+
+def test_variants_keep_the_resident_run_and_the_rate():
+    plan = {"g": ["pinned_rate", "resident", "a", "b"]}
+    assert method.chosen(plan, "g", "b") == ["g"]
+    assert plan["g"] == ["pinned_rate", "resident", "b"]
+    for p in (offload_generate.PLAN, offload_train.PLAN):
+        assert all("resident" in variants and "pinned_rate" in variants
+                   for variants in p.values())
+
+
+def test_process_gpu_memory_is_none_without_cuda(monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with method.ProcessGpuMemory() as gpu:
+        pass
+    assert gpu.result() is None
+    assert method.gpu_memory_cell([None, gpu.result()]) == "—"
+    assert method.gpu_memory_cell([{"peak_bytes": GiB}, {"peak_bytes": 2 * GiB}]) == "2.00 GiB"
+
+
+def test_process_gpu_memory_keeps_the_peak_over_the_baseline(monkeypatch):
+    """The sampler's arithmetic, with the driver's answers made up: the peak
+    is the most the free memory fell below the baseline, read in the
+    background and once more at the end."""
+    import torch
+    free = iter([10 * GiB] + [9 * GiB, 7 * GiB, 8 * GiB] + [8 * GiB] * 10000)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (next(free), 80 * GiB))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: GiB)
+    real_ones = torch.ones
+    monkeypatch.setattr(torch, "ones", lambda *a, device=None, **k: real_ones(*a, **k))
+    import time
+    gpu = method.ProcessGpuMemory(interval_s=0.0005)
+    with gpu:
+        deadline = time.time() + 10
+        while gpu.samples < 4 and time.time() < deadline:
+            time.sleep(0.001)
+    r = gpu.result()
+    assert r["baseline_free_bytes"] == 10 * GiB and r["peak_bytes"] == 3 * GiB
+    assert r["max_memory_reserved"] == GiB and r["samples"] >= 4
+
+
+def fake_train_run(losses, s_per_step, uvm=False):
+    run = {"s_per_step": s_per_step, "first_step_s": 1.0, "losses": losses,
+           "weights_bytes": 2 * GiB, "tokens_per_step": None, "max_memory_allocated": GiB,
+           "process_gpu_memory": {"peak_bytes": 3 * GiB // 2}}
+    if uvm:
+        run.update(resident_weight_bytes=GiB, to_gpu_bytes_per_step=2 * GiB,
+                   home_bytes_per_step=GiB, slot_bytes_peak=GiB)
+    return run
+
+
+def test_the_training_table_leads_with_the_least_limit(capsys):
+    runs = {"pinned_rate": [{"h2d_gbps": 50.0, "d2h_gbps": 50.0}] * 2,
+            "resident": [fake_train_run([1.0, 0.5], 0.02)] * 2,
+            "torch_uvm_in_backward": [fake_train_run([1.0, 0.5], 0.1, uvm=True)] * 2,
+            "fsdp2_cpu_offload": [fake_train_run([1.0, 0.5000001], 0.2), None]}
+    table, lim = offload_train.report("mlp", runs, 2)
+    out = capsys.readouterr().out
+    assert lim["least"]["seconds"] == pytest.approx(2 * GiB / 50e9)
+    assert lim["least_s"] == [pytest.approx(2 * GiB / 50e9)] * 2
+    assert lim["on_gpu"]["seconds"] == pytest.approx(6 * GiB / 50e9)
+    assert "x the link limit (the least any placement moves)" in out
+    assert "x the link limit with the step on the GPU" in out
+    assert "process GPU memory (peak, mem_get_info)" in out
+    uvm = table["torch_uvm_in_backward"]
+    assert uvm["x_link_limit"] == pytest.approx(0.1 / (2 * GiB / 50e9))
+    assert uvm["same_losses"] is True and table["fsdp2_cpu_offload"]["same_losses"] is False
+    assert table["fsdp2_cpu_offload"]["losses_max_abs_difference"] == pytest.approx(1e-7)
+    assert table["resident"]["x_link_limit"] is None     # all-resident is not under the budget
+    row = [line for line in out.splitlines() if line.startswith("| fsdp2_cpu_offload |")][0]
+    assert "max abs diff 1e-07" in row and "1.50 GiB" in row
+    row = [line for line in out.splitlines() if line.startswith("| torch_uvm_in_backward |")][0]
+    assert "| True |" in row
+
+
+def test_deepspeed_is_tuned_as_its_docs_tune_it_and_capped_at_the_budget():
+    c = offload_train.deepspeed_config(3, GiB, 4096, 1e-4)["zero_optimization"]
+    assert c["offload_param"] == c["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert c["overlap_comm"] and c["contiguous_gradients"] and c["sub_group_size"] == int(1e9)
+    assert c["stage3_max_live_parameters"] == GiB // 4
+    more = offload_train.deepspeed_config(2, GiB, 4096, 1e-4)["zero_optimization"]
+    assert "offload_param" not in more and more["offload_optimizer"]["pin_memory"]
+    assert "deepspeed_zero2_offload_more_memory" in offload_train.MORE_MEMORY
+
+
+def fake_generate_run(tokens, tokens_per_s, streamed):
+    return {"tokens_per_s": tokens_per_s, "weights_bytes": 3 * GiB, "peak_resident_bytes": GiB,
+            "streamed_bytes_per_token": streamed, "tokens": tokens,
+            "process_gpu_memory": {"peak_bytes": 2 * GiB}}
+
+
+def test_the_generation_run_prints_and_records_the_least_limit(tmp_path, monkeypatch, capsys):
+    """main() with made-up runs: the headline column is the least any
+    placement moves, the plan's own bytes a labeled second column, and the
+    JSON holds the token check and the process's GPU memory of each variant."""
+    runs = {"pinned_rate": [{"h2d_gbps": 45.0}, {"h2d_gbps": 45.0}],
+            "resident": [fake_generate_run([1, 2, 3], 100.0, 0)] * 2,
+            "torch_uvm_offload": [fake_generate_run([1, 2, 3], 24.0, 2 * GiB)] * 2,
+            "accelerate_dispatch": [fake_generate_run([1, 2, 4], 10.0, 2 * GiB), None]}
+    monkeypatch.setattr(method, "scenario_runs", lambda *a, **k: {"generate": runs})
+    monkeypatch.setattr(offload_generate, "plot", lambda tables, path: None)
+    monkeypatch.setattr(sys, "argv", ["offload_generate.py", "--out", str(tmp_path)])
+    offload_generate.main()
+    out = capsys.readouterr().out
+    assert "link limit (the least any placement moves), tokens/s" in out
+    assert "torch_uvm's plan streams / token" in out and "process GPU memory" in out
+    least = 45e9 / (3 * GiB - 3 * GiB // 2)
+    row = [line for line in out.splitlines() if line.startswith("| torch_uvm_offload |")][0]
+    assert f"| {least:.1f} | {24.0 / least:.2f} |" in row and "| True |" in row
+    row = [line for line in out.splitlines() if line.startswith("| accelerate_dispatch |")][0]
+    assert "False (max abs diff 1)" in row and "2.00 GiB" in row
+    saved = json.load(open(tmp_path / "offload_generate.json"))
+    uvm = saved["tables"]["torch_uvm_offload"]
+    assert uvm["of_limit"]["target"] == 0.85
+    assert uvm["of_limit"]["median"] == pytest.approx(24.0 / least)
+    assert uvm["of_plan_limit"]["median"] == pytest.approx(24.0 / (45e9 / (2 * GiB)))
+    assert uvm["same_tokens"] is True and saved["tables"]["accelerate_dispatch"]["same_tokens"] is False
+    assert uvm["process_gpu_memory"] == [{"peak_bytes": 2 * GiB}] * 2
+    headline = [n for n in saved["comparisons"] if "the least any placement moves" in n]
+    assert headline and saved["comparisons"][headline[0]]["median"] == pytest.approx(24.0 / least)
+
+
+def test_the_training_run_records_both_limits_and_the_checks(tmp_path, monkeypatch, capsys):
+    runs = {"mlp": {"pinned_rate": [{"h2d_gbps": 50.0, "d2h_gbps": 40.0}] * 2,
+                    "resident": [fake_train_run([1.0, 0.5], 0.02)] * 2,
+                    "torch_uvm": [fake_train_run([1.0, 0.5], 0.3, uvm=True)] * 2,
+                    "torch_uvm_in_backward": [fake_train_run([1.0, 0.5], 0.15, uvm=True)] * 2,
+                    "fsdp2_cpu_offload": [fake_train_run([1.0, 0.5000002], 0.2)] * 2}}
+    monkeypatch.setattr(method, "scenario_runs", lambda *a, **k: runs)
+    monkeypatch.setattr(offload_train, "plot", lambda tables, path: None)
+    monkeypatch.setattr(sys, "argv", ["offload_train.py", "--only", "mlp", "--out", str(tmp_path)])
+    offload_train.main()
+    saved = json.load(open(tmp_path / "offload_train.json"))
+    least = max(2 * GiB / 50e9, GiB / 40e9)
+    assert saved["tables"]["mlp"]["link_limit"]["seconds"] == pytest.approx(least)
+    assert saved["tables"]["mlp"]["link_limit_with_step_on_gpu"]["seconds"] == \
+        pytest.approx(max(6 * GiB / 50e9, 5 * GiB / 40e9))
+    c = saved["comparisons"]
+    assert c["(mlp) torch_uvm_in_backward, s per step / link limit (the least any placement "
+             "moves)"]["median"] == pytest.approx(0.15 / least)
+    assert c["(mlp) torch_uvm_in_backward, s per step / link limit with the step on the GPU "
+             "(torch_uvm's placement)"]["target"] == 2.0
+    fsdp = saved["tables"]["mlp"]["variants"]["fsdp2_cpu_offload"]
+    assert fsdp["same_losses"] is False and fsdp["losses_max_abs_difference"] == \
+        pytest.approx(2e-7)
+    assert fsdp["process_gpu_memory"] == [{"peak_bytes": 3 * GiB // 2}] * 2
