@@ -653,6 +653,37 @@ def test_training_holds_no_more_gpu_memory_than_its_budget_while_copies_go_home(
         handle.undo()
 
 
+def test_a_first_step_makes_room_for_its_states_before_it_makes_them(uvm):
+    """A first step makes its optimizer's states on the GPU, one submodule
+    after another, while the host runs ahead of a sleeping GPU. Room for
+    each submodule's states is made before its step (the host waits for
+    the last ones' copies home), so the share's books, copies home under
+    way included, never pass the budget, and what the step adds to the
+    device's memory (mem_get_info after it, the states' blocks kept by the
+    allocator's cache) stays within the budget."""
+    torch.manual_seed(1)
+    x = torch.randn(64, 2048, device="cuda")
+    model = make_model(layers=16)                         # 16 x 16 MiB
+    budget = 96 * MiB
+    handle = uvm.offload(model, budget=budget)
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    try:
+        model(x).square().mean().backward()
+        torch.cuda.synchronize()
+        uvm.empty_cache()
+        uvm.reset_peak_memory_stats()
+        free = torch.cuda.mem_get_info()[0]
+        torch.cuda._sleep(300_000_000)                    # the host runs ahead meanwhile
+        optimizer.step()
+        torch.cuda.synchronize()
+        added = free - torch.cuda.mem_get_info()[0]
+        assert handle.residency_stats()["resident_bytes.peak"] <= budget   # the books
+        assert added <= budget, added / MiB                                # the device
+        assert all(optimizer.state[p] for p in model.parameters())         # it made them
+    finally:
+        handle.undo()
+
+
 def make_blocks(blocks=6, width=1024):
     """GPT-2's mix of weight sizes, scaled down: per block 12, 4, 16 and 16
     MiB, and biases of KiB."""
@@ -992,9 +1023,13 @@ def test_weights_a_step_wrote_on_a_stream_of_its_own_go_home_after_it(uvm):
 
 def test_a_forward_brings_weights_written_at_home_after_the_write(uvm):
     """A weight written in place while at its home (on the compute stream)
-    comes to the GPU for the next forward after that write."""
+    comes to the GPU for the next forward after that write: the output
+    equals all resident's with the same writes, bit for bit. (Every layer
+    is written, and differently: the resident last layers alone, zeroed,
+    would hide stale layers before them.)"""
     x = torch.randn(64, 1024, device="cuda")
     model = make_model(width=1024)                        # 8 x 4 MiB
+    reference = copy.deepcopy(model).cuda()
     handle = uvm.offload(model, budget=12 * MiB, mode="prefetch")
     try:
         with torch.no_grad():
@@ -1003,13 +1038,16 @@ def test_a_forward_brings_weights_written_at_home_after_the_write(uvm):
             for p in model.parameters():   # so no eviction's wait orders them after the
                 p.mul_(1)                  # writes; and mul_'s kernel is loaded now: a
             torch.cuda.synchronize()       # lazy load would hold the host until the sleep ends
-            assert any(where(p) == "host" for p in model.parameters())   # some at home
+            streamed = [u for u in handle.units_in_order() if u not in handle.resident_units()]
+            assert any(where(t) == "host" for u in streamed for t in u.targets)
             torch.cuda._sleep(2_000_000_000)              # the writes below land late (~1 s)
-            for p in model.parameters():
-                p.mul_(0)                                 # in place: the version moves
+            for k, (p, q) in enumerate(zip(model.parameters(), reference.parameters())):
+                p.mul_(1 + k / 8)                         # in place: the version moves
+                q.mul_(1 + k / 8)
             out = model(x)
+            want = reference(x)
         torch.cuda.synchronize()
-        assert torch.count_nonzero(out).item() == 0
+        assert torch.equal(out, want)
     finally:
         handle.undo()
 
