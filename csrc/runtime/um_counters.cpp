@@ -255,13 +255,8 @@ std::string UmCounters::start() {
                             "cuptiActivityRegisterCallbacks");
   if (!why.empty()) return why;
   std::string missing;
-  int count = static_cast<int>(sizeof(kKinds) / sizeof(kKinds[0]));
-  why = configure(count);
-  for (; !why.empty() && count > kNeeded;) {   // drop the optional counters one by one
-    --count;
-    missing += std::string(missing.empty() ? "" : ", ") + kKindNames[count];
-    why = configure(count);
-  }
+  why = configure_dropping_optional(configure, static_cast<int>(sizeof(kKinds) / sizeof(kKinds[0])),
+                                    kNeeded, kKindNames, &missing);
   if (!why.empty()) return why;
   std::uint64_t now = 0;
   why = failure(cupti().timestamp(&now), "cuptiGetTimestamp");

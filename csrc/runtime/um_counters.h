@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,25 @@ struct UmRecording {
   std::uint64_t other = 0;       // records of other kinds in them (another client's)
   std::string missing;           // counters that could not be enabled, or ""
 };
+
+// How start() enables the counters where a device lacks some: `configure(n)`
+// enables the first `n` kinds ("" or why not); the optional ones (past
+// `needed`) are dropped from the last, one at a time, until it succeeds.
+// Returns "" or why not even the needed ones could be; `missing` gets the
+// names (`names[i]` for kind i) of those dropped, ", "-separated: the
+// profile's warning "this GPU does not report: ..." (torch_uvm/profile.py).
+inline std::string configure_dropping_optional(const std::function<std::string(int)>& configure,
+                                               int count, int needed, const char* const names[],
+                                               std::string* missing) {
+  missing->clear();
+  std::string why = configure(count);
+  for (; !why.empty() && count > needed;) {
+    --count;
+    *missing += std::string(missing->empty() ? "" : ", ") + names[count];
+    why = configure(count);
+  }
+  return why;
+}
 
 class UmCounters {
  public:

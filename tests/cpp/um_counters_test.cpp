@@ -12,12 +12,12 @@
 #include "core/address_names.h"
 #include "core/errors.h"
 #include "core/um_event.h"
+#include "runtime/um_counters.h"
 
 #ifdef TORCH_UVM_TEST_CUDA
 #include <cuda_runtime_api.h>
 
 #include "runtime/gpu_runtime.h"
-#include "runtime/um_counters.h"
 #endif
 
 namespace torch_uvm {
@@ -82,6 +82,38 @@ TEST(UmEvent, NamesAndWhatCountsBytes) {
   EXPECT_TRUE(e.counts_bytes());
   e.kind = UmEvent::kGpuFault;
   EXPECT_FALSE(e.counts_bytes());
+}
+
+// A device without some optional counters: CUPTI refuses a configuration
+// that holds any of them. start() drops them from the last until one is
+// accepted and names each dropped; the profile warns "this GPU does not
+// report: ..." with those names (test_profile.py).
+TEST(UmCounters, OptionalCountersADeviceLacksAreDroppedAndNamed) {
+  const char* const names[] = {"to_gpu", "to_host", "gpu_fault", "cpu_fault",
+                               "thrashing", "throttling", "remote_map", "gpu_to_gpu"};
+  std::vector<int> tried;
+  auto has_the_first = [&](int kinds) {
+    return [&tried, kinds](int n) {
+      tried.push_back(n);
+      return n <= kinds ? std::string() : "CUPTI_ERROR_NOT_SUPPORTED";
+    };
+  };
+  std::string missing = "left over";
+  EXPECT_EQ(configure_dropping_optional(has_the_first(8), 8, 4, names, &missing), "");
+  EXPECT_EQ(missing, "");   // a device with all of them: nothing said
+  EXPECT_EQ(tried, (std::vector<int>{8}));
+  tried.clear();
+  EXPECT_EQ(configure_dropping_optional(has_the_first(5), 8, 4, names, &missing), "");
+  EXPECT_EQ(missing, "gpu_to_gpu, remote_map, throttling");
+  EXPECT_EQ(tried, (std::vector<int>{8, 7, 6, 5}));
+  tried.clear();
+  EXPECT_EQ(configure_dropping_optional(has_the_first(4), 8, 4, names, &missing), "");
+  EXPECT_EQ(missing, "gpu_to_gpu, remote_map, throttling, thrashing");
+  tried.clear();
+  // Without one of the needed four there is nothing to record: it says why.
+  EXPECT_EQ(configure_dropping_optional(has_the_first(3), 8, 4, names, &missing),
+            "CUPTI_ERROR_NOT_SUPPORTED");
+  EXPECT_EQ(tried, (std::vector<int>{8, 7, 6, 5, 4}));   // never fewer than the needed
 }
 
 #ifdef TORCH_UVM_TEST_CUDA

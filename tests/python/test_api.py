@@ -181,3 +181,40 @@ def test_span_bytes_covers_what_a_prefetch_moves():
     assert _C.span_bytes(view.transpose(0, 2)) == _C.span_bytes(view)
     assert _C.span_bytes(base[:, :0]) == 0
     assert _C.span_bytes(torch.zeros(7, dtype=torch.float16)) == 14
+
+
+def test_adopt_copy_in_forked_child_is_refused_outside_a_forked_child():
+    # torch_uvm/_workers.py calls it in a DataLoader worker right after fork();
+    # anywhere else it would point a storage at memory it must not own.
+    from torch_uvm import _C
+    owner = torch.ones(16)
+    before = owner.data_ptr()
+    with pytest.raises(RuntimeError, match="is for a process made by fork"):
+        _C.adopt_copy_in_forked_child(owner, torch.zeros(16))
+    assert owner.data_ptr() == before and torch.equal(owner, torch.ones(16))
+
+
+def _on_fake_gpus(*devices):
+    """A Sequential of one Linear per device, whose tensors say they are on
+    those GPUs (fake tensors: no GPU needed, none touched)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        return torch.nn.Sequential(*[torch.nn.Linear(4, 4, device=d) for d in devices])
+
+
+def test_offloading_a_module_on_two_gpus_or_another_gpu_names_the_devices(monkeypatch):
+    # What offload checks is the devices of the module's tensors against the
+    # one it streams to: fake tensors on cuda:0 and cuda:1 show it on any
+    # machine (test_gpu_reliability.py does it with real ones on two GPUs).
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    for devices, on, target in [(("cuda:0", "cuda:1"), r"\['cuda:0', 'cuda:1'\]", "cuda:0"),
+                                (("cuda:1", "cuda:1"), r"\['cuda:1'\]", "cuda:0"),
+                                (("cpu", "cuda:0"), r"\['cpu', 'cuda:0'\]", "cuda:1")]:
+        model = _on_fake_gpus(*devices)
+        params = list(model.parameters())
+        with pytest.raises(ValueError, match=rf"the module's tensors are on {on}; offload needs "
+                                             rf"them on the CPU or on {target} alone"):
+            torch_uvm.offload(model, budget=1 << 20, device=target)
+        assert all(a is b for a, b in zip(model.parameters(), params))
+        assert getattr(model, "_torch_uvm_offloaded", None) is None

@@ -5,7 +5,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import gpu, run_python, run_script
+from conftest import gpu, multigpu, run_python, run_script
 from cross_stream import reuse_while_busy
 
 pytestmark = gpu
@@ -324,3 +324,84 @@ def test_fork_while_other_threads_allocate_and_move():
         print('bad', bad)
     """, timeout=300)
     assert r.stdout.split() == ["bad", "0"], r.stdout + r.stderr
+
+
+def test_a_host_that_cannot_pin_a_home_is_an_out_of_memory_error():
+    # A streamed tensor's home is pinned host memory (offload makes one per
+    # weight through _C.pinned_home). An expanded tensor says it holds 1 PiB
+    # in 8 bytes: no host pins that, and the driver refuses it before pinning
+    # anything (the page table alone would be terabytes). In a process of its
+    # own, so that a driver that took long to refuse cannot hold the suite.
+    r = run_python("""
+        import torch, torch_uvm
+        from torch_uvm import _C
+        torch_uvm.set_enabled_uvm(True)
+        huge = torch.zeros(1, dtype=torch.float64).expand(1 << 47)      # 2**50 bytes
+        try:
+            _C.pinned_home(huge, torch.device('cuda', 0))
+            print('pinned')
+        except torch.OutOfMemoryError as e:
+            print(str(e).splitlines()[0])
+        home = _C.pinned_home(torch.arange(4.0), torch.device('cuda', 0))   # the process goes on
+        print(_C.is_pinned_home(home), home.device, home.cpu().tolist())
+    """, timeout=120)
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 2, r.stdout + r.stderr
+    assert lines[0].startswith("torch_uvm: cannot pin 1125899906842624 bytes of host memory for "
+                               "a streamed tensor's home: the host is out of memory it can pin "
+                               "(see ulimit -l)"), r.stdout + r.stderr
+    assert lines[1] == "True cuda:0 [0.0, 1.0, 2.0, 3.0]", r.stdout + r.stderr
+
+
+def test_adopting_a_copy_too_small_in_a_forked_child_names_both_sizes():
+    # In a forked DataLoader worker, _workers.py points each managed CPU
+    # storage at a copy the child inherited; a copy smaller than the storage
+    # would let the child read past its end. (Outside a forked child the call
+    # is refused: test_api.py.)
+    r = run_python("""
+        import os, torch, torch_uvm
+        from torch_uvm import _C
+        torch_uvm.set_enabled_uvm(True)
+        x = torch.ones(1000, device='cuda')      # the allocator, and its fork handlers, exist
+        owner = torch.ones(16)                   # managed: 64 bytes
+        pid = os.fork()
+        if pid == 0:
+            said = []
+            for copy in (torch.zeros(15), torch.zeros(32)[::2]):    # 60 bytes; not contiguous
+                try:
+                    _C.adopt_copy_in_forked_child(owner, copy)
+                    said.append('adopted')
+                except RuntimeError as e:
+                    said.append(str(e).splitlines()[0])
+            _C.adopt_copy_in_forked_child(owner, torch.full((16,), 7.0))   # one that fits
+            said.append(str(owner.sum().item()))
+            os.write(1, ('\\n'.join(said) + '\\n').encode())
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        print('child', os.waitstatus_to_exitcode(status), owner.sum().item())
+    """, timeout=120)
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 4, r.stdout + r.stderr
+    assert lines[0].startswith("torch_uvm: the copy for a forked worker must be a contiguous CPU "
+                               "tensor of at least 64 bytes, got 60 bytes on cpu"), lines
+    assert lines[1].startswith("torch_uvm: the copy for a forked worker must be a contiguous"), lines
+    assert lines[2:] == ["112.0", "child 0 16.0"], lines     # the parent's storage untouched
+
+
+@multigpu
+def test_offloading_a_module_whose_tensors_are_on_two_real_gpus_names_them(uvm):
+    # With fake tensors on any machine: test_api.py; here with real ones.
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64).to("cuda:0"),
+                                torch.nn.Linear(64, 64).to("cuda:1"))
+    params = list(model.parameters())
+    with pytest.raises(ValueError, match=r"the module's tensors are on \['cuda:0', 'cuda:1'\]; "
+                                         r"offload needs them on the CPU or on cuda:0 alone"):
+        uvm.offload(model, budget=16 << 20, device="cuda:0")
+    model[0].to("cuda:1")
+    params = list(model.parameters())
+    with pytest.raises(ValueError, match=r"the module's tensors are on \['cuda:1'\]; "
+                                         r"offload needs them on the CPU or on cuda:0 alone"):
+        uvm.offload(model, budget=16 << 20, device="cuda:0")
+    assert all(a is b for a, b in zip(model.parameters(), params))
+    assert getattr(model, "_torch_uvm_offloaded", None) is None
+    uvm.offload(model, budget=16 << 20, device="cuda:1").undo()    # on the GPU it streams to

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import GPU_COUNT, ROOT, gpu, multigpu, run_python
+from conftest import GPU_COUNT, ROOT, gpu, multigpu, run_python, run_script
 
 pytestmark = gpu
 MiB = 1 << 20
@@ -283,6 +283,27 @@ def test_mempool_routes_allocations_to_its_pool(uvm):
         torch.cuda.MemPool(use_on_oom=True)
 
 
+def test_a_mempool_with_an_allocator_of_its_own_is_refused(uvm):
+    if not hasattr(torch.cuda, "MemPool"):
+        pytest.skip("torch.cuda.MemPool is not in this torch")
+    import ctypes.util
+    from torch.cuda.memory import CUDAPluggableAllocator
+    # Any two functions of a library stand in for its alloc and free: the pool
+    # is refused before anything could call them.
+    own = CUDAPluggableAllocator(ctypes.util.find_library("c") or "libc.so.6", "malloc", "free")
+    with pytest.raises(ValueError, match="a torch.cuda.MemPool with its own allocator cannot be "
+                                         "used with UVM on: every CUDA allocation comes from "
+                                         "torch_uvm's managed memory"):
+        torch.cuda.MemPool(own.allocator())
+    pool = torch.cuda.MemPool(None)                   # without one: torch_uvm's, and it works
+    with torch.cuda.use_mem_pool(pool):
+        t = torch.empty(MiB, dtype=torch.uint8, device="cuda")
+    assert uvm.is_managed(t) and pool.use_count() >= 1
+    segs = [s for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == pool.id]
+    assert any(s["address"] <= t.data_ptr() < s["address"] + s["total_size"] for s in segs)
+    del t
+
+
 # ---- torch.compile(mode="reduce-overhead") -----------------------------------
 
 class _Block(torch.nn.Module):
@@ -488,6 +509,40 @@ def test_sharing_a_cuda_tensor_with_another_process_is_a_clear_error():
     """, timeout=180)
     assert r.stdout.split("\n")[:3] == ["process error True True", "queue error True True",
                                        "after 32.0"], r.stdout + r.stderr
+
+
+def test_opening_a_cuda_ipc_handle_with_uvm_on_is_a_clear_error(tmp_path):
+    # The other side: a producer with UVM off sends a CUDA tensor (CUDA IPC);
+    # a consumer with UVM on cannot open it, and says so when it unpickles it.
+    r = run_script(tmp_path / "ipc.py", """
+        import torch, torch.multiprocessing as mp
+
+        def consumer(q, out):
+            import torch_uvm
+            torch_uvm.set_enabled_uvm(True)
+            try:
+                t = q.get()
+                out.put('opened ' + str(t.sum().item()))
+            except RuntimeError as e:
+                out.put('error ' + str(e).splitlines()[0])
+            out.put('after ' + str((torch.ones(4, device='cuda') * 2).sum().item()))
+
+        if __name__ == '__main__':
+            ctx = mp.get_context('spawn')
+            q, out = ctx.Queue(), ctx.Queue()
+            p = ctx.Process(target=consumer, args=(q, out))
+            p.start()
+            t = torch.ones(16, device='cuda')          # UVM off here: device memory
+            q.put(t)
+            print(out.get(timeout=120))
+            print(out.get(timeout=120))
+            p.join(60)
+            print('exit', p.exitcode)
+    """, timeout=240)
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 3, r.stdout + r.stderr
+    assert lines[0].startswith("error torch_uvm: cannot open a CUDA IPC handle with UVM on"), lines
+    assert lines[1:] == ["after 8.0", "exit 0"], r.stdout + r.stderr
 
 
 # ---- CUDA contexts only where used -------------------------------------------

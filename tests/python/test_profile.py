@@ -223,3 +223,33 @@ def test_a_fault_counts_for_a_tensor_anywhere_on_its_page():
     p.driver = [dict(fault, address=base), dict(fault, address=base - 4096)]
     assert t.data_ptr() % 4096 != 0 and p.moved(t)["gpu_faults"] == 2   # not the page before
     assert p.gpu_faults(t) == 2 and p.gpu_faults() == 4
+
+
+def test_a_gpu_without_some_optional_counters_says_which_and_records_the_others(monkeypatch):
+    """The driver's counters start with the optional ones it lacks dropped
+    (runtime/um_counters.cpp: UmCounters::start); the profile says which, and
+    what was recorded is kept. The GPU and CUPTI are stood in for."""
+    import time
+    import torch
+    given = []
+
+    def stop(names):
+        given.append(names)
+        now = time.monotonic_ns()
+        moved = {"kind": "to_gpu", "cause": "prefetch", "address": A, "value": MiB,
+                 "start_ns": now, "end_ns": now + 1000, "device": 0, "pieces": [("x", MiB)]}
+        return [moved], 0, "thrashing, throttling, remote_map, gpu_to_gpu", 0
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(_C, "allocator_created", lambda: False)
+    monkeypatch.setattr(_C, "um_counters_start", lambda: "")
+    monkeypatch.setattr(_C, "um_counters_stop", stop)
+    with pytest.warns(UserWarning) as caught:
+        with torch_uvm.profile() as p:
+            pass
+    said = [str(w.message) for w in caught]
+    assert said == ["torch_uvm.profile: this GPU does not report: thrashing, throttling, "
+                    "remote_map, gpu_to_gpu"], said
+    assert len(given) == 1 and p.counters_missing is None
+    assert [e["kind"] for e in p.driver_events()] == ["to_gpu"]
+    assert p.driver_totals()["x"]["prefetched_bytes"] == MiB
