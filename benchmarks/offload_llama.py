@@ -564,8 +564,11 @@ def main(argv=None):
             ap.error(f"unknown variants {unknown}; known: {default + extra}")
         chosen = [v for v in default + extra if v in keep or v in ALWAYS]
     script, t0 = os.path.abspath(__file__), time.time()
+    # the report is written after every round: a run cut short keeps the rounds it ran
     runs = method.interleaved(chosen, args.rounds, lambda v: method.spawn(
-        script, timeout=300, variant=v, tiny=int(args.tiny)))
+        script, timeout=300, variant=v, tiny=int(args.tiny)),
+        after_round=lambda so_far, done: done < args.rounds and report(
+            so_far, args.out, bool(args.tiny)))
     report(runs, args.out, bool(args.tiny))
     print(f"\n{len(chosen)} variants x {args.rounds} rounds in {time.time() - t0:.0f} s")
 
