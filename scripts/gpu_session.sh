@@ -32,9 +32,12 @@ run() {  # name, command...   (build logs reach $OUT only when they fail:
   return $rc
 }
 
-run_pytest() {  # PYTEST_ARGS picks tests (default: all); torch.compile tests take minutes
+run_pytest() {  # PYTEST_ARGS picks tests (default: all), PYTEST_K filters them; the tests that
+               # need the GPU alone first, then the rest PYTEST_WORKERS at a time (gpu_pytest.py):
+               # $OUT/pytest-alone.log and $OUT/pytest-shared.log
   run pytest env TORCH_UVM_CPP_PREFIX="$PWD/build-prefix" timeout ${PYTEST_LIMIT:-480} \
-      python3 -m pytest -v -rsP --timeout 120 ${PYTEST_ARGS:-tests/python} ${PYTEST_K:+-k "$PYTEST_K"}
+      python3 scripts/gpu_pytest.py --workers ${PYTEST_WORKERS:-4} --out "$OUT" \
+      ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-tests/python}
 }
 
 install_wheels() {  # anchors carried as wheels (RMM, torchao, bitsandbytes): see docs/development.md

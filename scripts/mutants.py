@@ -31,9 +31,9 @@ mutant runs on one tree.
   archive, link.
 
 Builds run side by side. Tests share the GPU, except those that measure
-the device's memory (the test's function, or a helper or fixture it
-names, reads one of EXCLUSIVE_MARKERS): those have it alone, and no other
-test starts while one waits. A sixth item in a mutant, {"exclusive": bool},
+the device's memory or size their work by the cap (scripts/gpu_alone.py
+says which): those have it alone, and no other test starts while one
+waits. A sixth item in a mutant, {"exclusive": bool},
 decides instead.
 
 --out DIR keeps the log of each mutant and the table (summary.md). --list
@@ -43,7 +43,6 @@ says how each would run. Run it on the GPU machine after a build
 any machine that has run `cmake --build build`.
 """
 import argparse
-import ast
 import concurrent.futures
 import contextlib
 import fnmatch
@@ -59,6 +58,9 @@ import tempfile
 import threading
 import time
 import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_alone import measures_device_memory  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COPIES = "tests/python/test_gpu_copies.py::"
@@ -384,9 +386,6 @@ MUTANTS = [
 
 # ---------------------------------------------------------------- the runner
 
-# Words that mark a test as measuring the device's memory: other mutants'
-# tests on the GPU would move its numbers, so it runs with the GPU alone.
-EXCLUSIVE_MARKERS = ("mem_get_info", "gpu_bytes")
 EXTENSION = "torch_uvm/_C*.so"          # what setup.py builds in place
 KILLED = ("killed", "killed (timed out)")
 KIND_ORDER = {"c++": 0, "python": 1, "core": 2}   # the longest first
@@ -509,52 +508,6 @@ class GpuGate:
                 else:
                     self.shared -= 1
                 self.cv.notify_all()
-
-
-# -- which tests measure the device's memory
-
-def _functions(path, cache):
-    """{name: source} of every function in the file (same names joined)."""
-    if path not in cache:
-        found = {}
-        try:
-            with open(path) as f:
-                source = f.read()
-            for node in ast.walk(ast.parse(source)):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    found[node.name] = (found.get(node.name, "") + "\n"
-                                        + (ast.get_source_segment(source, node) or ""))
-        except (OSError, SyntaxError, ValueError):
-            pass
-        cache[path] = found
-    return cache[path]
-
-
-def measures_device_memory(test, root, cache=None):
-    """Whether the pytest `test` ("path::name[id]") reads the device's memory:
-    its function mentions one of EXCLUSIVE_MARKERS, or names (directly or
-    through others) a function or fixture that does, of its own module or of
-    the modules beside it that are not tests (conftest.py, the helpers)."""
-    cache = {} if cache is None else cache
-    path, _, name = test.partition("::")
-    name = name.split("::")[-1].split("[")[0]
-    folder = os.path.dirname(os.path.join(root, path))
-    try:
-        helpers = sorted(f for f in os.listdir(folder)
-                         if f.endswith(".py") and not f.startswith("test_"))
-    except OSError:
-        return False
-    functions = {}
-    for f in helpers + [os.path.basename(path)]:
-        functions.update(_functions(os.path.join(folder, f), cache))
-    measuring = {n for n, src in functions.items() if any(m in src for m in EXCLUSIVE_MARKERS)}
-    while True:
-        names = re.compile(r"\b(?:%s)\b" % "|".join(map(re.escape, measuring))) if measuring else None
-        more = {n for n, src in functions.items()
-                if n not in measuring and names and names.search(src)}
-        if not more:
-            return name in measuring
-        measuring |= more
 
 
 # -- the tree, its builds, and what a mutant rebuilds

@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import gpu_alone  # noqa: E402
 import mutants  # noqa: E402
 
 
@@ -87,12 +88,14 @@ def test_a_test_that_measures_the_devices_memory_gets_the_gpu_alone(tmp_path):
     (tmp_path / "test_x.py").write_text(
         "from helpers import peak\n\ndef test_direct():\n    assert peak(None)\n\n"
         "def test_fixture(watch):\n    pass\n\ndef test_plain():\n    assert 1\n\n"
-        "def test_param(x=1):\n    assert free\n")
+        "def test_param(x=1):\n    assert free\n\n"
+        "def test_capped(uvm):\n    uvm.offload(None, budget=uvm.get_memory_cap() // 2)\n")
     cache = {}
-    measures = {n: mutants.measures_device_memory(f"test_x.py::{n}", str(tmp_path), cache)
-                for n in ["test_direct", "test_fixture", "test_plain", "test_param[2]"]}
+    measures = {n: gpu_alone.measures_device_memory(f"test_x.py::{n}", str(tmp_path), cache)
+                for n in ["test_direct", "test_fixture", "test_plain", "test_param[2]",
+                          "test_capped"]}
     assert measures == {"test_direct": True, "test_fixture": True, "test_plain": False,
-                        "test_param[2]": True}
+                        "test_param[2]": True, "test_capped": True}
 
 
 def _until(ready):
