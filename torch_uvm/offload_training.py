@@ -43,6 +43,15 @@ from . import _C
 if TYPE_CHECKING:
     from .offload import Offloaded, _Unit
 
+# Room made on the GPU for an optimizer's first states, in parameters' bytes.
+FIRST_STATES = 2
+
+# Per optimizer, the parameters it stepped at least once: a parameter that
+# has no state after its first step (SGD without momentum) gets no room for
+# first states again.
+# (ids: the optimizer holds its parameters while it is a key here)
+_STEPPED: "weakref.WeakKeyDictionary[torch.optim.Optimizer, set]" = weakref.WeakKeyDictionary()
+
 
 class BackwardState:
     """What one offload knows of the backward under way."""
@@ -412,11 +421,15 @@ def _step_unit(handle: "Offloaded", optimizer, own, unit: "_Unit", with_grads: b
     grads = held if with_grads else []
     before = [t for p in params for t in state_tensors(optimizer, p)]
     executor = handle.executor
-    # (states a first step makes on the GPU are admitted by step_done; the
-    # next bring waits for their copies home before it draws a slot)
-    executor.bring(params + held + before)
+    # a first step makes its states on the GPU: room for Adam's two a
+    # parameter is made first (SGD's momentum takes one; an optimizer that
+    # makes more is counted when they exist, and the next bring waits)
+    stepped = _STEPPED.setdefault(optimizer, set())
+    fresh = sum(p.nbytes for p in params if id(p) not in stepped and not optimizer.state.get(p))
+    executor.bring(params + held + before, FIRST_STATES * fresh)
     try:
         _own_step(optimizer, own, ids, kwargs or {})
+        stepped.update(id(p) for p in params)
     finally:
         after = [t for p in params for t in state_tensors(optimizer, p)]
         # (also when the step failed half-way: what it may have written goes home)

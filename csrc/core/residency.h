@@ -118,7 +118,7 @@ class ResidencyBudget {
   // holds more than the budget, in the books and in memory.
   std::size_t excess(DeviceIndex device, ShareId share, std::size_t extra = 0) const;
   // Room for `bytes` that work about to run will make on the GPU (a
-  // submodule's gradients in its backward),
+  // submodule's gradients in its backward, an optimizer's first states),
   // admitted when they exist: the ranges of the share to evict first, as
   // admit() would; then wait while excess(device, share, bytes) > 0.
   std::vector<EvictionStep> make_room(DeviceIndex device, ShareId share, std::size_t bytes);

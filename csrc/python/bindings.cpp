@@ -222,7 +222,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("grads_ready", &StreamExecutor::grads_ready)
       .def("discard_grads", &StreamExecutor::discard_grads)
       .def("step_begins", &StreamExecutor::step_begins)
-      .def("bring", &StreamExecutor::bring, py::arg("tensors"))
+      .def("bring", &StreamExecutor::bring, py::arg("tensors"), py::arg("new_bytes") = 0)
       .def("step_done", &StreamExecutor::step_done)
       .def("end_pass", &StreamExecutor::end_pass)
       .def("evict_unused", &StreamExecutor::evict_unused)

@@ -112,10 +112,10 @@ class StreamExecutor {
   // For an optimizer step: `tensors` (weights, gradients, states of the
   // known ones, and states in homes it did not make: loaded ones) on the
   // GPU for the compute stream (the current one: the step may run on a
-  // stream of its own), held until step_done. (States a first step makes
-  // need no room made ahead: step_done admits them, and the next bring
-  // waits for their copies home before it draws a slot.)
-  void bring(const std::vector<at::Tensor>& tensors);
+  // stream of its own), held until step_done.
+  // `new_bytes`: what the step will make on the GPU (its first states):
+  // room is made for them.
+  void bring(const std::vector<at::Tensor>& tensors, std::size_t new_bytes = 0);
   // The step is queued: `written` were written by it; tensors it made
   // (new optimizer states, on the GPU) are adopted into the budget. All of
   // `tensors` but a resident unit's go home now (written ones by a copy).

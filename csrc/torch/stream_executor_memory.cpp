@@ -62,8 +62,8 @@ void StreamExecutor::make_room(std::size_t extra) {
   }
 }
 
-// Memory the GPU is about to make for the share (a unit's gradients) is
-// not drawn by a bring: room is made for it
+// Memory the GPU is about to make for the share (a unit's gradients, an
+// optimizer's first states) is not drawn by a bring: room is made for it
 // just before the work that makes it, so the books never pass the budget
 // when it is adopted.
 void StreamExecutor::room_for(std::size_t bytes) {

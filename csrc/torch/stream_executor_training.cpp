@@ -126,7 +126,7 @@ std::string StreamExecutor::owner_of(const std::vector<at::Tensor>& tensors) con
   return "optimizer";
 }
 
-void StreamExecutor::bring(const std::vector<at::Tensor>& tensors) {
+void StreamExecutor::bring(const std::vector<at::Tensor>& tensors, std::size_t new_bytes) {
   std::vector<int> ids;
   for (const at::Tensor& t : tensors) {
     int id = entry_for(t);
@@ -148,6 +148,12 @@ void StreamExecutor::bring(const std::vector<at::Tensor>& tensors) {
   bring_entries(ids, bring_stream_);
   wait_ready(ids);
   note_use(ids);  // a step may run on a stream of its own (step_in_backward)
+  try {
+    room_for(new_bytes);  // after the bring: its admits must not take the room
+  } catch (...) {
+    for (int id : ids) release(id);
+    throw;
+  }
   step_held_.insert(step_held_.end(), ids.begin(), ids.end());
 }
 
