@@ -206,8 +206,12 @@ def test_offloading_a_module_on_two_gpus_or_another_gpu_names_the_devices(monkey
     # What offload checks is the devices of the module's tensors against the
     # one it streams to: fake tensors on cuda:0 and cuda:1 show it on any
     # machine (test_gpu_reliability.py does it with real ones on two GPUs).
+    import torch._subclasses.fake_tensor as fake_tensor
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    # on a machine with a GPU, a fake tensor's first use of a device starts a
+    # context there (an empty tensor): on one GPU, cuda:1 has none to start
+    monkeypatch.setattr(fake_tensor, "init_gpu_context", lambda device: None, raising=False)
     for devices, on, target in [(("cuda:0", "cuda:1"), r"\['cuda:0', 'cuda:1'\]", "cuda:0"),
                                 (("cuda:1", "cuda:1"), r"\['cuda:1'\]", "cuda:0"),
                                 (("cpu", "cuda:0"), r"\['cpu', 'cuda:0'\]", "cuda:1")]:

@@ -655,11 +655,10 @@ def test_training_holds_no_more_gpu_memory_than_its_budget_while_copies_go_home(
 
 def test_a_first_step_makes_room_for_its_states_before_it_makes_them(uvm):
     """A first step makes its optimizer's states on the GPU, one submodule
-    after another, while the host runs ahead of a sleeping GPU. Each
-    submodule's new states are admitted to the books when its step is
-    queued, and the next submodule's bring waits for their copies home
-    before it draws a slot, so the share's books, copies home under way
-    included, never pass the budget, and what the step adds to the
+    after another, while the host runs ahead of a sleeping GPU. Room for
+    each submodule's states is made before its step (the host waits for
+    the last ones' copies home), so the share's books, copies home under
+    way included, never pass the budget, and what the step adds to the
     device's memory (mem_get_info after it, the states' blocks kept by the
     allocator's cache) stays within the budget."""
     torch.manual_seed(1)
