@@ -198,8 +198,12 @@ def _on_fake_gpus(*devices):
     """A Sequential of one Linear per device, whose tensors say they are on
     those GPUs (fake tensors: no GPU needed, none touched)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    with FakeTensorMode():
-        return torch.nn.Sequential(*[torch.nn.Linear(4, 4, device=d) for d in devices])
+    layers = [torch.nn.Linear(4, 4, device="meta") for _ in devices]
+    with FakeTensorMode():   # empty tensors only: an initializer's kernels may run on the device
+        for layer, d in zip(layers, devices):
+            layer.weight = torch.nn.Parameter(torch.empty(4, 4, device=d))
+            layer.bias = torch.nn.Parameter(torch.empty(4, device=d))
+    return torch.nn.Sequential(*layers)
 
 
 def test_offloading_a_module_on_two_gpus_or_another_gpu_names_the_devices(monkeypatch):
