@@ -22,7 +22,14 @@ void StreamExecutor::before(int unit, bool backward) {
     forward_seq_.push_back(unit);
   }
   in_backward_ = in_backward_ || backward;
-  if (u.running) return;  // run again before its end (a module called twice)
+  if (u.running) {  // run again before its end (a module called twice)
+    // Its gradients come after its last run's backward, perhaps long after
+    // the first one made room for them: room again now (a GAN's
+    // discriminator on real and generated samples went to twice its budget
+    // while the host ran ahead, its gradients going home unwaited for).
+    if (backward) room_for(new_grad_bytes(u));
+    return;
+  }
   u.running = true;
   u.running_backward = backward;
   if (planned_) let_go_of_passed(unit, backward);
