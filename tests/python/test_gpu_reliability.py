@@ -306,7 +306,7 @@ def test_fork_while_other_threads_allocate_and_move():
                 del x, y, z
         threads = [threading.Thread(target=churn) for _ in range(3)]
         for t in threads: t.start()
-        bad = 0
+        codes = []                             # each child's: 3 a check failed, -14 it hung
         inherited = torch.ones(1 << 12)        # managed, made before the forks
         for i in range(20):
             pid = os.fork()
@@ -318,12 +318,12 @@ def test_fork_while_other_threads_allocate_and_move():
                       and torch_uvm.memory_stats()['allocation.all.current'] > 0)
                 os._exit(0 if ok else 3)
             _, status = os.waitpid(pid, 0)
-            bad += status != 0
+            codes.append(os.waitstatus_to_exitcode(status))
         stop = True
         for t in threads: t.join()
-        print('bad', bad)
+        print('bad', sum(c != 0 for c in codes), 'exit codes', *codes)
     """, timeout=300)
-    assert r.stdout.split() == ["bad", "0"], r.stdout + r.stderr
+    assert r.stdout.split()[:2] == ["bad", "0"], r.stdout + r.stderr
 
 
 def test_a_host_that_cannot_pin_a_home_is_an_out_of_memory_error():
