@@ -89,6 +89,8 @@ def run(name, ids, out, timeout, workers):
             proc.wait()
             print(f"{name}: stopped after {time.time() - t0:.0f} s; its log: {log_path}")
             raise
+        finally:
+            os.unlink(args_file)
     with open(log_path) as log:
         last = closing_line(log.read())
     print(f"{name}: {len(ids)} tests, {workers} at a time, exit {rc}, {time.time() - t0:.0f} s: {last}")

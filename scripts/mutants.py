@@ -33,8 +33,7 @@ mutant runs on one tree.
 Builds run side by side. Tests share the GPU, except those that measure
 the device's memory or size their work by the cap (scripts/gpu_alone.py
 says which): those have it alone, and no other test starts while one
-waits. A sixth item in a mutant, {"exclusive": bool},
-decides instead.
+waits. A sixth item in a mutant, {"exclusive": bool}, decides instead.
 
 --out DIR keeps the log of each mutant and the table (summary.md). --list
 checks, with no build, that each mutant's text is in its file once, and
