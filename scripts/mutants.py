@@ -250,8 +250,8 @@ MUTANTS = [
      "  for (const Entry& e : entries_) all += e.tensor->nbytes();",
      [LOOPS + "test_an_arena_holds_many_small_tensors_at_its_rounding"]),
     ("a move to the CPU converts streamed tensors in place", "torch_uvm/offload.py",
-     "            if probe.device.type == \"cpu\" and probe.dtype == probe_of.dtype:\n                handle.undo()",
-     "            if False:\n                handle.undo()",
+     "            if probe.device.type == \"cpu\" and probe.dtype == probe_of.dtype:\n                handle._undo(",
+     "            if False:\n                handle._undo(",
      [LOOPS + "test_moving_an_offloaded_module_to_the_cpu_undoes_the_offload"]),
     ("a parameter unfrozen again gets a new gradient home", "csrc/torch/stream_executor_training.cpp",
      "    const auto it = u.grad_ids.find(p.unsafeGetTensorImpl());\n"
@@ -390,6 +390,25 @@ MUTANTS = [
     ("a move is not traced", "csrc/torch/move_kernels.cpp",
      "  TraceScope scope(\"move\",", "  TraceScope scope(\"moved\",",
      [PROFILE + "test_torch_uvms_own_work_is_named_in_a_torch_profiler_trace"]),
+    # host memory is a resource too (issue 35, point 5)
+    ("an offload's CPU tensors keep their own copy", "torch_uvm/offload.py",
+     "                    t.data = _C.fresh_home_on_cpu(seen)", "                    pass",
+     [OFFLOAD + "test_offload_holds_the_weights_once_on_the_host_and_gives_back_a_gpu_copy"]),
+    ("an offload's GPU tensors keep their memory", "torch_uvm/offload.py",
+     "            t.data = torch.empty(0, dtype=t.dtype, device=t.device)",
+     "            t.data = t.data if t.is_cuda else torch.empty(0, dtype=t.dtype, device=t.device)",
+     [OFFLOAD + "test_offload_holds_the_weights_once_on_the_host_and_gives_back_a_gpu_copy"]),
+    ("homes are pinned whatever the host has", "torch_uvm/offload.py",
+     "    if available is not None and need > available + given_back:", "    if False:",
+     [OFFLOAD + "test_homes_the_host_cannot_hold_are_refused_before_any_is_pinned"]),
+    ("a tensor held elsewhere gives up its memory too", "torch_uvm/offload.py",
+     "    return {i for i, t in tensors.items() if beyond(t, 2 * places[i] + 1) > base}",
+     "    return set()",
+     ["tests/python/test_offload_memory.py"]),
+    ("undo puts back what fits and fails half-way", "torch_uvm/offload.py",
+     "        values = self._values_back(to_cpu)    # may fail: nothing undone yet",
+     "        values = {}",
+     [OFFLOAD + "test_undo_that_cannot_put_the_weights_back_on_the_gpu_leaves_the_module_offloaded"]),
 ]
 
 

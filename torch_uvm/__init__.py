@@ -34,6 +34,17 @@ __all__ = [
     "bring", "profile", "expect_no_gpu_faults",
 ]
 
+# Set in a child made by fork(): the GPUs and their books are the parent's.
+_FORKED = False
+
+
+def _forked() -> None:
+    global _FORKED
+    _FORKED = True
+
+
+os.register_at_fork(after_in_child=_forked)
+
 #: The advice names accepted by :func:`advise`.
 ADVICE = ("read_mostly", "preferred_location", "accessed_by",
           "unset_read_mostly", "unset_preferred_location", "unset_accessed_by")
@@ -171,8 +182,12 @@ def memory_stats() -> Dict[str, int]:
     size (``arena_bytes``: all such ranges now); ``arena_misses`` counts
     slots that found no room there and were drawn beside it, and
     ``arena_waits`` the draws that waited for the GPU to pass a slot's
-    last use."""
+    last use. In a process made by fork() (a DataLoader worker), only the
+    allocator's keys: the GPUs are the parent's, and another of its threads
+    may have held their books' lock at the fork."""
     stats = dict(_C.memory_stats())
+    if _FORKED:
+        return dict(sorted(stats.items()))
     from .residency import residency_stats
     for d in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
         residency = residency_stats(d)

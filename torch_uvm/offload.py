@@ -10,6 +10,8 @@ the executor, and puts the module back on undo. Backward, gradients and the
 optimizer: offload_training.py."""
 from __future__ import annotations
 
+import collections
+import sys
 import types
 import warnings
 import weakref
@@ -310,9 +312,22 @@ class Offloaded:
         """Stop streaming: hooks removed, parameters and buffers back to the
         tensors they were (their values, and whether they require grad,
         included); what was on the GPU went home first, and the share of the
-        budget is given back. Undone already: nothing more."""
+        budget is given back. The tensors that were on the CPU read their
+        values in the homes, pinned host memory, with no copy; those that
+        were on the GPU are copied there (if they do not fit, a
+        torch.OutOfMemoryError says so and the module stays offloaded).
+        Undone already: nothing more."""
+        self._undo(to_cpu=False)
+
+    def _undo(self, to_cpu: bool) -> None:
+        """undo(); `to_cpu`: every tensor back on the CPU (module.cpu())."""
         if self._final_stats is not None:
             return
+        if self.executor is not None:
+            self.executor.evict_all()
+            self.executor.end_pass()
+        torch.cuda.synchronize(self.device)   # the homes are read below
+        values = self._values_back(to_cpu)    # may fail: nothing undone yet
         self._final_stats = self.residency_stats()
         for h in self._handles:
             h.remove()
@@ -320,17 +335,13 @@ class Offloaded:
             u.module.__dict__.pop("_apply", None)
         _LIVE.discard(self)
         offload_training.forget(self)
-        if self.executor is not None:
-            self.executor.evict_all()
-            self.executor.end_pass()
-        torch.cuda.synchronize(self.device)   # the homes are read on the CPU below
         _C.release_cached_slots()             # the slots' device memory goes back
         self._finalizer.detach()
         _end_lease(self._lease)
         with torch.no_grad():
             for (owner, name, kind), original in self._originals.items():
                 current = getattr(owner, name)
-                original.copy_(current.to(original.device))
+                original.data = values[id(original)]
                 if kind == "param":
                     original.requires_grad_(current.requires_grad)
                     owner._parameters[name] = original
@@ -338,6 +349,45 @@ class Offloaded:
                     owner._buffers[name] = original
         self.executor = self._lease.executor = None
         del self.module._torch_uvm_offloaded
+
+    def _values_back(self, to_cpu: bool) -> Dict[int, torch.Tensor]:
+        """Each original's value where it goes back: on the CPU, over its
+        home (no copy); on a GPU, a copy, all made before any is put back."""
+        values: Dict[int, torch.Tensor] = {}
+        gpu_bytes = 0
+        try:
+            with torch.no_grad():
+                for (owner, name, _), original in self._originals.items():
+                    if id(original) in values:
+                        continue
+                    current = getattr(owner, name).detach()
+                    device = torch.device("cpu") if to_cpu else original.device
+                    if device.type == "cpu":
+                        values[id(original)] = _on_cpu_without_copy(current)
+                    else:
+                        gpu_bytes += current.nbytes
+                        values[id(original)] = current.to(device, copy=True)
+        except torch.OutOfMemoryError as e:
+            raise torch.OutOfMemoryError(
+                f"torch_uvm: undo() puts the module's tensors back on the GPU they came from, "
+                f"and they do not fit there now (out of memory after {gpu_bytes} bytes). The "
+                f"module is still offloaded: free GPU memory and call undo() again, or move "
+                f"it to the CPU (module.cpu() undoes the offload there). {e}") from None
+        return values
+
+
+def _on_cpu_without_copy(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s value on the CPU: over its home where it has one (a streamed
+    tensor at home, or a home no streamed tensor took over), else a copy."""
+    if t.device.type == "cpu":
+        return t
+    if t.numel() > 0:
+        seen = _C.home_on_cpu(t)
+        if seen is not None:
+            return seen
+        if _C.is_pinned_home(t):
+            return _C.fresh_home_on_cpu(t)
+    return t.to("cpu", copy=True)
 
 
 def _guard_conversions(handle: Offloaded, unit: _Unit) -> None:
@@ -353,7 +403,7 @@ def _guard_conversions(handle: Offloaded, unit: _Unit) -> None:
         if probe_of is not None and getattr(handle.module, "_torch_uvm_offloaded", None) is handle:
             probe = fn(torch.empty(0, device=probe_of.device, dtype=probe_of.dtype))
             if probe.device.type == "cpu" and probe.dtype == probe_of.dtype:
-                handle.undo()      # to the CPU: the module's own tensors again
+                handle._undo(to_cpu=True)   # the module's own tensors again, on the CPU
             elif any(fn(t) is not t for t in unit.targets):   # (a move that changes nothing
                 raise RuntimeError(                            # returns the tensor itself)
                     f"torch_uvm: '{unit.name}' is offloaded to {handle.device} as "
@@ -371,6 +421,64 @@ def _direct_tensors(module: torch.nn.Module):
     for name, b in module._buffers.items():
         if b is not None:
             yield name, b, "buffer"
+
+
+def _host_available() -> Optional[int]:
+    """The host memory the kernel can give without swapping (MemAvailable),
+    or None where /proc/meminfo does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def offload_plan(module: torch.nn.Module) -> list:
+    """(name, submodule, its own tensors as (name, tensor, kind), their
+    bytes) for each submodule that has tensors of its own."""
+    plan = []
+    for name, m in module.named_modules():
+        own = list(_direct_tensors(m))
+        if own:
+            nbytes = sum(_span_bytes(t) for _, t, _ in own)
+            plan.append((name or type(m).__name__, m, own, nbytes))
+    return plan
+
+
+def held_elsewhere(tensors: Dict[int, torch.Tensor], plan) -> set:
+    """The ids of `tensors` that something besides the module holds: a
+    module outside it tied to one, a user's variable, an autograd graph.
+    Those keep their own memory through an offload. Counted by reference:
+    the module's dictionaries and `plan` hold each once per place it has in
+    the module, and `tensors` once; a probe held the same way measures what
+    this count itself adds."""
+    places = collections.Counter(id(t) for _, _, own, _ in plan for _, t, _ in own)
+
+    def beyond(obj, known: int) -> int:
+        return sys.getrefcount(obj) - known
+    probes = {0: object()}                 # iterated as `tensors` is, below
+    base = [beyond(p, 1) for _, p in probes.items()][0]
+    return {i for i, t in tensors.items() if beyond(t, 2 * places[i] + 1) > base}
+
+
+def _check_host_room(module: torch.nn.Module, tensors) -> None:
+    """Refuses, before any is pinned, homes the host cannot hold: their bytes
+    against the memory available, plus what the module's CPU tensors give
+    back as each moves into its home (managed ones go to torch_uvm's cache,
+    not back to the host)."""
+    need = sum(t.numel() * t.element_size() for t in tensors if t.numel() > 0)
+    given_back = sum(t.numel() * t.element_size() for t in tensors
+                     if t.numel() > 0 and t.device.type == "cpu" and not _C.is_managed(t))
+    available = _host_available()
+    if available is not None and need > available + given_back:
+        raise torch.OutOfMemoryError(
+            f"torch_uvm: offloading {type(module).__name__} needs {need} bytes of pinned host "
+            f"memory for its homes, and the host has {available} bytes available "
+            f"(MemAvailable), with {given_back} more given back by its CPU tensors as they "
+            f"move there. Free host memory, or offload a smaller module; it is unchanged")
 
 
 def _home_for(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -448,12 +556,7 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
         raise ValueError(f"torch_uvm: offload needs the weights' values, and {', '.join(meta[:3])}"
                          f"{' ...' if len(meta) > 3 else ''} are on the meta device. Load them "
                          f"first (load_state_dict(..., assign=True) or to_empty + load)")
-    plan = []
-    for name, m in module.named_modules():
-        own = list(_direct_tensors(m))
-        if own:
-            nbytes = sum(_span_bytes(t) for _, t, _ in own)
-            plan.append((name or type(m).__name__, m, own, nbytes))
+    plan = offload_plan(module)
     if not plan:
         raise ValueError("torch_uvm: the module has no parameters or buffers to offload")
     largest = max(plan, key=lambda p: p[3])
@@ -463,8 +566,13 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
                          f"'{largest[0]}' ({largest[3]} bytes): it needs at least {window} "
                          f"bytes (ahead + 1 = {ahead + 1} of the largest submodule). Raise "
                          f"the budget, lower ahead, or read it in place (mode='in_place')")
-    # Phase 1 makes every replacement and changes nothing in the module, so
-    # a failure here (out of memory, say) leaves it as it was.
+    tensors = {id(t): t for _, _, own, _ in plan for _, t, _ in own}   # tied ones once
+    held = held_elsewhere(tensors, plan)
+    _check_host_room(module, [t for i, t in tensors.items() if i not in held])
+    # Phase 1 makes every replacement and changes nothing the module's
+    # users see, so a failure here (out of memory, say) leaves it as it
+    # was. A tensor on the CPU reads its value in its new home from then
+    # on, and its own memory goes: the host never holds the weights twice.
     shared: Dict[int, torch.Tensor] = {}     # id(tensor) -> its replacement: tied stay tied
     with torch.no_grad():
         for _, _, own, _ in plan:
@@ -473,6 +581,8 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
                     continue
                 # no memory to manage: it just moves
                 seen = t.detach().to(device) if t.numel() == 0 else _home_for(t, device)
+                if t.numel() > 0 and t.device.type == "cpu" and id(t) not in held:
+                    t.data = _C.fresh_home_on_cpu(seen)
                 if kind == "param":
                     seen = torch.nn.Parameter(seen, requires_grad=t.requires_grad)
                 shared[id(t)] = seen
@@ -489,6 +599,12 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
             if seen.numel() > 0 and all(x is not seen for x in targets):
                 targets.append(seen)
         units.append(_Unit(name, m, targets))
+    # The tensors the module had keep no memory while it is offloaded (those
+    # on the GPU give theirs back now); undo() gives them their values again.
+    # One that something else holds keeps its own, as it was.
+    for i, t in tensors.items():
+        if t.numel() > 0 and i not in held:
+            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
     handle = Offloaded(module, device, budget, ahead, mode, units, handles, originals, lease)
     handles.append(module.register_forward_pre_hook(
         lambda _m, args, kwargs: handle._begin(args, kwargs), with_kwargs=True))

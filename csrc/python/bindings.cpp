@@ -87,6 +87,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return pinned_home_copy(t, with_index(device.cast<c10::Device>()));
   });
   m.def("home_on_cpu", &home_on_cpu);
+  m.def("fresh_home_on_cpu", &fresh_home_on_cpu);
   m.def("release_cached_slots", &release_cached_slots);
   m.def("slot_memory_stats", [](int device) {
     const SlotMemoryStats s = slot_memory_stats(static_cast<c10::DeviceIndex>(device));

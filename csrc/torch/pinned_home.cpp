@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "torch/managed_tensor.h"
 #include "torch/state.h"
 #include "torch_uvm/torch_uvm.h"
 
@@ -36,6 +37,16 @@ at::Tensor pinned_home_copy(const at::Tensor& t, c10::Device device) {
   // filled on the CPU: the home is host memory
   at::from_blob(home.mutable_data(), t.sizes(), t.options().device(c10::kCPU)).copy_(t.cpu());
   return at::empty({0}, t.options().device(device)).set_(home, 0, t.sizes());
+}
+
+at::Tensor fresh_home_on_cpu(const at::Tensor& home) {
+  TORCH_CHECK_VALUE(home.defined() && home.has_storage() &&
+                        is_pinned_home(home.storage().data_ptr()),
+                    "torch_uvm: fresh_home_on_cpu expects a tensor over a pinned home");
+  c10::Storage seen = storage_seen_on(home.storage(), c10::Device(c10::kCPU),
+                                      /*allocator=*/nullptr, /*resizable=*/false);
+  return at::empty({0}, home.options().device(c10::kCPU))
+      .set_(seen, home.storage_offset(), home.sizes(), home.strides());
 }
 
 }  // namespace torch_uvm

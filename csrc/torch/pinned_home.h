@@ -24,4 +24,11 @@ bool is_pinned_home(const c10::DataPtr& memory);
 // `device` owning all of it. Waits for the copy.
 at::Tensor pinned_home_copy(const at::Tensor& t, c10::Device device);
 
+// `home` (a tensor over a home make_pinned_home made, which no streamed
+// tensor has taken over) as a CPU tensor over the same memory, keeping the
+// home alive: offload's originals read their values there instead of
+// holding a second copy. The caller keeps the home from being taken over
+// while the alias lives (a take-over moves the memory out of its storage).
+at::Tensor fresh_home_on_cpu(const at::Tensor& home);
+
 }  // namespace torch_uvm

@@ -183,9 +183,81 @@ def test_offload_failing_half_way_leaves_the_module_as_it_was(uvm, budget, monke
         uvm.offload(model)
     assert len(made) == 2
     assert all(a is b for a, b in zip(model.parameters(), params))
+    assert all(p.device.type == "cpu" for p in params)
+    assert all(torch.equal(p, q) for p, q in zip(params, make_model(layers=4).parameters()))
     assert getattr(model, "_torch_uvm_offloaded", None) is None
     monkeypatch.undo()
     uvm.offload(model).undo()                             # and it can be offloaded later
+
+
+def test_offload_holds_the_weights_once_on_the_host_and_gives_back_a_gpu_copy(uvm, budget):
+    # The tensors the module had keep no memory while it is offloaded: those
+    # on the CPU read their homes (the host holds the weights once, not
+    # twice), those on the GPU give theirs back. Seen in the allocator's
+    # books, apart from the offload's (with UVM on, both are its memory).
+    x = torch.randn(4, 2048, device="cuda")
+    weights = sum(p.nbytes for p in make_model().parameters())          # 128 MiB
+    for where_first in ("cpu", "cuda"):
+        model = make_model().to(where_first)
+        ids = [id(p) for p in model.parameters()]   # (a list of them would hold them)
+        before = uvm.memory_stats()["allocated_bytes.all.current"]
+        handle = uvm.offload(model)
+        after = uvm.memory_stats()["allocated_bytes.all.current"]
+        assert before - after >= weights, (where_first, before, after)
+        with torch.no_grad():
+            assert torch.equal(model(x), all_resident_output(x))
+        handle.undo()
+        params = list(model.parameters())
+        assert [id(p) for p in params] == ids                 # the same tensors
+        assert all(p.device.type == where_first for p in params)
+        assert all(torch.equal(p.cpu(), q) for p, q in zip(params, make_model().parameters()))
+        if where_first == "cpu":            # over the homes, not a copy: pinned, the driver says
+            assert all(p.is_pinned() and not uvm.is_managed(p) for p in params)
+
+
+def test_homes_the_host_cannot_hold_are_refused_before_any_is_pinned(uvm, budget, monkeypatch):
+    import torch_uvm.offload as offload_module
+    model = make_model(layers=4)
+    params = list(model.parameters())
+    monkeypatch.setattr(offload_module, "_host_available", lambda: 8 * MiB)
+    pinned = []
+    monkeypatch.setattr(uvm._C, "pinned_home",
+                        lambda t, d, real=uvm._C.pinned_home: pinned.append(t) or real(t, d))
+    need = sum(p.nbytes for p in params)
+    with pytest.raises(torch.OutOfMemoryError,
+                       match=rf"needs {need} bytes of pinned host memory for its homes, and the "
+                             rf"host has {8 * MiB} bytes available"):
+        uvm.offload(model)
+    assert pinned == [] and getattr(model, "_torch_uvm_offloaded", None) is None
+    assert all(a is b and torch.equal(a, c) for a, b, c in
+               zip(model.parameters(), params, make_model(layers=4).parameters()))
+    monkeypatch.undo()
+    uvm.offload(model).undo()
+
+
+def test_undo_that_cannot_put_the_weights_back_on_the_gpu_leaves_the_module_offloaded(
+        uvm, budget, monkeypatch):
+    x = torch.randn(4, 2048, device="cuda")
+    model = make_model().cuda()
+    handle = uvm.offload(model)
+    real_to = torch.Tensor.to
+
+    def no_room(t, *args, **kwargs):
+        if kwargs.get("copy") and args and torch.device(args[0]).type == "cuda":
+            raise torch.OutOfMemoryError("injected: CUDA out of memory")
+        return real_to(t, *args, **kwargs)
+    monkeypatch.setattr(torch.Tensor, "to", no_room)
+    with pytest.raises(torch.OutOfMemoryError, match=r"still offloaded: free GPU memory and call "
+                                                     r"undo\(\) again"):
+        handle.undo()
+    monkeypatch.undo()
+    assert model._torch_uvm_offloaded is handle
+    with torch.no_grad():
+        assert torch.equal(model(x), all_resident_output(x))   # it streams on
+    handle.undo()
+    assert all(p.is_cuda for p in model.parameters())
+    with torch.no_grad():
+        assert torch.equal(model(x), all_resident_output(x))
 
 
 def test_offload_refuses_meta_weights_and_moves_empty_ones(uvm, budget):

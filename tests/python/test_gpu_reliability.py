@@ -295,7 +295,7 @@ def test_fork_while_other_threads_allocate_and_move():
     # Nobody may hold the allocator's lock across fork(), or the child's
     # first allocation waits forever (issue 11).
     r = run_python("""
-        import os, signal, threading, torch, torch_uvm
+        import faulthandler, os, signal, sys, threading, torch, torch_uvm
         torch_uvm.set_enabled_uvm(True)
         stop = False
         def churn():
@@ -306,17 +306,23 @@ def test_fork_while_other_threads_allocate_and_move():
                 del x, y, z
         threads = [threading.Thread(target=churn) for _ in range(3)]
         for t in threads: t.start()
-        codes = []                             # each child's: 3 a check failed, -14 it hung
+        codes = []                             # each child's: 3 a check failed, 1 or -14 it hung
         inherited = torch.ones(1 << 12)        # managed, made before the forks
         for i in range(20):
             pid = os.fork()
             if pid == 0:
-                signal.alarm(20)               # a hung child dies of SIGALRM
+                # a hung child prints where it hangs and exits 1 (or dies of SIGALRM)
+                faulthandler.dump_traceback_later(15, exit=True)
+                signal.alarm(20)
                 t = torch.ones(1 << 12) * 2    # the child's own (ordinary) memory
-                ok = (t.sum().item() == 8192 and torch_uvm.is_managed(inherited)
-                      and not torch_uvm.is_managed(t)
-                      and torch_uvm.memory_stats()['allocation.all.current'] > 0)
-                os._exit(0 if ok else 3)
+                checks = {'sum': t.sum().item() == 8192,
+                          'inherited managed': torch_uvm.is_managed(inherited),
+                          'own not managed': not torch_uvm.is_managed(t),
+                          'stats': torch_uvm.memory_stats()['allocation.all.current'] > 0}
+                failed = [k for k, ok in checks.items() if not ok]
+                if failed:
+                    print('child', i, 'failed', failed, file=sys.stderr, flush=True)
+                os._exit(3 if failed else 0)
             _, status = os.waitpid(pid, 0)
             codes.append(os.waitstatus_to_exitcode(status))
         stop = True
@@ -324,6 +330,29 @@ def test_fork_while_other_threads_allocate_and_move():
         print('bad', sum(c != 0 for c in codes), 'exit codes', *codes)
     """, timeout=300)
     assert r.stdout.split()[:2] == ["bad", "0"], r.stdout + r.stderr
+
+
+def test_memory_stats_in_a_forked_child_reads_only_the_allocators_books():
+    # The residency books are the parent's GPUs', and another thread of the
+    # parent may have held their lock at the fork: a child reads the
+    # allocator's (whose lock the fork handlers free), and no GPU.
+    r = run_python("""
+        import os, torch, torch_uvm
+        torch_uvm.set_enabled_uvm(True)
+        torch_uvm.set_residency_limit(64 << 20, 'cuda:0')
+        x = torch.ones(1 << 12)
+        parent = sorted({k.split('.')[0] for k in torch_uvm.memory_stats() if '.cuda:' in k})
+        pid = os.fork()
+        if pid == 0:
+            keys = torch_uvm.memory_stats()
+            os.write(1, (' '.join(['child', str(any('.cuda:' in k for k in keys)),
+                                   str(keys['allocation.all.current'] > 0)]) + '\\n').encode())
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        print('parent', *parent, os.waitstatus_to_exitcode(status))
+    """, timeout=120)
+    assert r.stdout.split() == ["child", "False", "True", "parent", "residency", "0"], \
+        r.stdout + r.stderr
 
 
 def test_a_host_that_cannot_pin_a_home_is_an_out_of_memory_error():
