@@ -3,6 +3,7 @@ prefetch_on_alloc (issue 10). Sizes stay at a few hundred MiB: "larger than
 the GPU" means larger than the budget."""
 import copy
 import gc
+import sys
 import weakref
 
 import pytest
@@ -216,7 +217,7 @@ def test_offload_holds_the_weights_once_on_the_host_and_gives_back_a_gpu_copy(uv
 
 
 def test_homes_the_host_cannot_hold_are_refused_before_any_is_pinned(uvm, budget, monkeypatch):
-    import torch_uvm.offload as offload_module
+    offload_module = sys.modules["torch_uvm.offload"]     # (the package's `offload` is the function)
     model = make_model(layers=4)
     params = list(model.parameters())
     monkeypatch.setattr(offload_module, "_host_available", lambda: 8 * MiB)
