@@ -393,7 +393,7 @@ MUTANTS = [
     # host memory is a resource too (issue 35, point 5)
     ("an offload's CPU tensors keep their own copy", "torch_uvm/offload.py",
      "                    t.data = _C.fresh_home_on_cpu(seen)", "                    pass",
-     [OFFLOAD + "test_offload_holds_the_weights_once_on_the_host_and_gives_back_a_gpu_copy"]),
+     [OFFLOAD + "test_a_cpu_model_goes_into_its_homes_without_a_second_copy_in_host_memory"]),
     ("an offload's GPU tensors keep their memory", "torch_uvm/offload.py",
      "            t.data = torch.empty(0, dtype=t.dtype, device=t.device)",
      "            t.data = t.data if t.is_cuda else torch.empty(0, dtype=t.dtype, device=t.device)",

@@ -464,14 +464,15 @@ def held_elsewhere(tensors: Dict[int, torch.Tensor], plan) -> set:
     return {i for i, t in tensors.items() if beyond(t, 2 * places[i] + 1) > base}
 
 
-def _check_host_room(module: torch.nn.Module, tensors) -> None:
+def _check_host_room(module: torch.nn.Module, tensors: Dict[int, torch.Tensor],
+                     held: set) -> None:
     """Refuses, before any is pinned, homes the host cannot hold: their bytes
     against the memory available, plus what the module's CPU tensors give
-    back as each moves into its home (managed ones go to torch_uvm's cache,
-    not back to the host)."""
-    need = sum(t.numel() * t.element_size() for t in tensors if t.numel() > 0)
-    given_back = sum(t.numel() * t.element_size() for t in tensors
-                     if t.numel() > 0 and t.device.type == "cpu" and not _C.is_managed(t))
+    back as each moves into its home (not those held elsewhere, nor managed
+    ones, which go to torch_uvm's cache, not back to the host)."""
+    need = sum(t.numel() * t.element_size() for t in tensors.values())
+    given_back = sum(t.numel() * t.element_size() for i, t in tensors.items()
+                     if i not in held and t.device.type == "cpu" and not _C.is_managed(t))
     available = _host_available()
     if available is not None and need > available + given_back:
         raise torch.OutOfMemoryError(
@@ -568,7 +569,7 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
                          f"the budget, lower ahead, or read it in place (mode='in_place')")
     tensors = {id(t): t for _, _, own, _ in plan for _, t, _ in own}   # tied ones once
     held = held_elsewhere(tensors, plan)
-    _check_host_room(module, [t for i, t in tensors.items() if i not in held])
+    _check_host_room(module, tensors, held)
     # Phase 1 makes every replacement and changes nothing the module's
     # users see, so a failure here (out of memory, say) leaves it as it
     # was. A tensor on the CPU reads its value in its new home from then

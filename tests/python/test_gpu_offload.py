@@ -216,6 +216,29 @@ def test_offload_holds_the_weights_once_on_the_host_and_gives_back_a_gpu_copy(uv
             assert all(p.is_pinned() and not uvm.is_managed(p) for p in params)
 
 
+def test_a_cpu_model_goes_into_its_homes_without_a_second_copy_in_host_memory():
+    # Measured by the kernel, apart from any books: the process's peak
+    # resident memory (pinned homes count in it) grows by about one layer
+    # while 256 MiB of weights move into their homes, not by the weights.
+    # UVM off, as a user loading a model runs: the CPU tensors' memory goes
+    # back to the host when freed.
+    r = run_python("""
+        import torch, torch_uvm
+        def kib(key):
+            return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith(key))
+        torch.zeros(1, device='cuda')              # CUDA's context first
+        model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(16)])
+        weights = sum(p.nbytes for p in model.parameters())
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')                           # the peak (VmHWM) counts from here
+        before = kib('VmRSS')
+        handle = torch_uvm.offload(model, budget=64 << 20)
+        print(weights >> 10, kib('VmHWM') - before, kib('VmRSS') - before)
+    """, timeout=120)
+    weights, peak, now = map(int, r.stdout.split())
+    assert peak < weights // 4, (weights, peak, now)       # KiB
+
+
 def test_homes_the_host_cannot_hold_are_refused_before_any_is_pinned(uvm, budget, monkeypatch):
     offload_module = sys.modules["torch_uvm.offload"]     # (the package's `offload` is the function)
     model = make_model(layers=4)

@@ -349,7 +349,7 @@ def test_memory_stats_in_a_forked_child_reads_only_the_allocators_books():
                                    str(keys['allocation.all.current'] > 0)]) + '\\n').encode())
             os._exit(0)
         _, status = os.waitpid(pid, 0)
-        print('parent', *parent, os.waitstatus_to_exitcode(status))
+        print('parent', parent, os.waitstatus_to_exitcode(status))
     """, timeout=120)
     assert r.stdout.split() == ["child", "False", "True", "parent", "True", "0"], \
         r.stdout + r.stderr
