@@ -11,6 +11,7 @@ optimizer: offload_training.py."""
 from __future__ import annotations
 
 import collections
+import functools
 import sys
 import types
 import warnings
@@ -338,10 +339,15 @@ class Offloaded:
         _C.release_cached_slots()             # the slots' device memory goes back
         self._finalizer.detach()
         _end_lease(self._lease)
+        done = set()                          # (a tied tensor is put back once)
         with torch.no_grad():
             for (owner, name, kind), original in self._originals.items():
                 current = getattr(owner, name)
-                original.data = values[id(original)]
+                if id(original) in values:
+                    original.data = values.pop(id(original))
+                elif id(original) not in done:
+                    original.copy_(current)       # it kept its memory: views see it
+                done.add(id(original))
                 if kind == "param":
                     original.requires_grad_(current.requires_grad)
                     owner._parameters[name] = original
@@ -358,7 +364,7 @@ class Offloaded:
         try:
             with torch.no_grad():
                 for (owner, name, _), original in self._originals.items():
-                    if id(original) in values:
+                    if id(original) in values or _kept_memory(original, to_cpu):
                         continue
                     current = getattr(owner, name).detach()
                     device = torch.device("cpu") if to_cpu else original.device
@@ -368,12 +374,21 @@ class Offloaded:
                         gpu_bytes += current.nbytes
                         values[id(original)] = current.to(device, copy=True)
         except torch.OutOfMemoryError as e:
+            values.clear()                    # (a traceback kept would hold them)
             raise torch.OutOfMemoryError(
                 f"torch_uvm: undo() puts the module's tensors back on the GPU they came from, "
                 f"and they do not fit there now (out of memory after {gpu_bytes} bytes). The "
                 f"module is still offloaded: free GPU memory and call undo() again, or move "
                 f"it to the CPU (module.cpu() undoes the offload there). {e}") from None
         return values
+
+
+def _kept_memory(original: torch.Tensor, to_cpu: bool) -> bool:
+    """Whether `original` kept its memory through the offload (something
+    else held it), so that undo() copies its value back in place: views,
+    state_dict()'s tensors and other holders see it, and nothing new is
+    allocated. Not when module.cpu() asks for a GPU tensor on the CPU."""
+    return original.numel() > 0 and not (to_cpu and original.device.type != "cpu")
 
 
 def _on_cpu_without_copy(t: torch.Tensor) -> torch.Tensor:
@@ -423,6 +438,25 @@ def _direct_tensors(module: torch.nn.Module):
             yield name, b, "buffer"
 
 
+def _make_replacements(plan, held: set, shared: Dict[int, torch.Tensor],
+                       device: torch.device) -> None:
+    """Phase 1 of offload: each tensor's replacement in `shared`, over a new
+    home; a CPU tensor that only the module holds reads that home from then
+    on, and its own memory goes."""
+    with torch.no_grad():
+        for _, _, own, _ in plan:
+            for _, t, kind in own:
+                if id(t) in shared:
+                    continue
+                # no memory to manage: it just moves
+                seen = t.detach().to(device) if t.numel() == 0 else _home_for(t, device)
+                if t.numel() > 0 and t.device.type == "cpu" and id(t) not in held:
+                    t.data = _C.fresh_home_on_cpu(seen)
+                if kind == "param":
+                    seen = torch.nn.Parameter(seen, requires_grad=t.requires_grad)
+                shared[id(t)] = seen
+
+
 def _host_available() -> Optional[int]:
     """The host memory the kernel can give without swapping (MemAvailable),
     or None where /proc/meminfo does not say."""
@@ -448,20 +482,49 @@ def offload_plan(module: torch.nn.Module) -> list:
     return plan
 
 
+@functools.lru_cache(maxsize=None)
+def _cxx_references_counted() -> bool:
+    """Whether what PyTorch holds in C++ (a view's base, autograd's saved
+    tensors) shows in a tensor's Python reference count, as in recent
+    PyTorch. Where it does not, held_elsewhere cannot see those holders and
+    says every tensor is held: the offload keeps their memory."""
+    t = torch.zeros(1)
+    before = sys.getrefcount(t)
+    view = t.view(1)
+    counted = sys.getrefcount(t) > before
+    del view
+    return counted
+
+
 def held_elsewhere(tensors: Dict[int, torch.Tensor], plan) -> set:
     """The ids of `tensors` that something besides the module holds: a
-    module outside it tied to one, a user's variable, an autograd graph.
-    Those keep their own memory through an offload. Counted by reference:
+    module outside it tied to one, a user's variable, an autograd graph, a
+    view or a detached alias of its storage (state_dict()'s). Those keep
+    their own memory through an offload, and undo() copies their values
+    back into it. Counted by reference (the tensor's and its storage's):
     the module's dictionaries and `plan` hold each once per place it has in
     the module, and `tensors` once; a probe held the same way measures what
     this count itself adds."""
+    if not _cxx_references_counted():
+        return set(tensors)
     places = collections.Counter(id(t) for _, _, own, _ in plan for _, t, _ in own)
 
     def beyond(obj, known: int) -> int:
         return sys.getrefcount(obj) - known
     probes = {0: object()}                 # iterated as `tensors` is, below
     base = [beyond(p, 1) for _, p in probes.items()][0]
-    return {i for i, t in tensors.items() if beyond(t, 2 * places[i] + 1) > base}
+    alone = _storage_users(torch.zeros(1))
+    return {i for i, t in tensors.items()
+            if beyond(t, 2 * places[i] + 1) > base or _storage_users(t) != alone}
+
+
+def _storage_users(t: torch.Tensor) -> int:
+    """How many hold `t`'s storage: a view, a detached alias (state_dict()'s
+    tensors), a saved tensor shares it beside `t` itself."""
+    try:
+        return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return -1                          # (unknown: held)
 
 
 def _check_host_room(module: torch.nn.Module, tensors: Dict[int, torch.Tensor],
@@ -574,21 +637,14 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     # users see, so a failure here (out of memory, say) leaves it as it
     # was. A tensor on the CPU reads its value in its new home from then
     # on, and its own memory goes: the host never holds the weights twice.
-    shared: Dict[int, torch.Tensor] = {}     # id(tensor) -> its replacement: tied stay tied
-    with torch.no_grad():
-        for _, _, own, _ in plan:
-            for _, t, kind in own:
-                if id(t) in shared:
-                    continue
-                # no memory to manage: it just moves
-                seen = t.detach().to(device) if t.numel() == 0 else _home_for(t, device)
-                if t.numel() > 0 and t.device.type == "cpu" and id(t) not in held:
-                    t.data = _C.fresh_home_on_cpu(seen)
-                if kind == "param":
-                    seen = torch.nn.Parameter(seen, requires_grad=t.requires_grad)
-                shared[id(t)] = seen
     # Its own share of the GPU, or a clear refusal (nothing changed yet).
     lease = _open_lease(device, budget, type(module).__name__)
+    shared: Dict[int, torch.Tensor] = {}     # id(tensor) -> its replacement: tied stay tied
+    try:
+        _make_replacements(plan, held, shared, device)
+    except BaseException:
+        _end_lease(lease)
+        raise
     # Phase 2 puts them in: dictionary stores, which cannot fail half-way.
     originals, units, handles = {}, [], []
     for name, m, own, _ in plan:

@@ -239,6 +239,41 @@ def test_a_cpu_model_goes_into_its_homes_without_a_second_copy_in_host_memory():
     assert peak < weights // 4, (weights, peak, now)       # KiB
 
 
+def test_undo_writes_back_into_a_tensor_held_elsewhere(uvm, budget):
+    # A weight something else holds (a view of it, as state_dict()'s tensors
+    # are) keeps its memory through the offload; undo() copies the trained
+    # value back into it, so the view sees it, and allocates nothing.
+    x = torch.randn(8, 1024, device="cuda")
+    for where_first in ("cpu", "cuda"):
+        model = make_model(layers=4, width=1024).to(where_first)
+        view = model[0].weight.view(-1)
+        ptr = view.data_ptr()
+        handle = uvm.offload(model)
+        optimizer = handle.stream_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        model(x).square().mean().backward()
+        optimizer.step()
+        trained = model[0].weight.detach().cpu()
+        handle.undo()
+        assert model[0].weight.data_ptr() == ptr and model[0].weight.device.type == where_first
+        assert torch.equal(view.cpu(), trained.view(-1))
+        assert not torch.equal(trained, make_model(layers=4, width=1024)[0].weight)  # it trained
+
+
+def test_a_budget_refused_beside_others_pins_nothing(uvm, budget, monkeypatch):
+    # The share is asked for before any home is pinned: refused, the
+    # module's CPU tensors keep their own (pageable) memory.
+    holder = uvm.offload(make_model(layers=2), budget=48 * MiB)
+    model = make_model(layers=4)
+    pinned = []
+    monkeypatch.setattr(uvm._C, "pinned_home",
+                        lambda t, d, real=uvm._C.pinned_home: pinned.append(t) or real(t, d))
+    with pytest.raises(ValueError, match="does not fit"):
+        uvm.offload(model, budget=32 * MiB)
+    assert pinned == [] and not any(p.is_pinned() for p in model.parameters())
+    monkeypatch.undo()
+    holder.undo()
+
+
 def test_homes_the_host_cannot_hold_are_refused_before_any_is_pinned(uvm, budget, monkeypatch):
     offload_module = sys.modules["torch_uvm.offload"]     # (the package's `offload` is the function)
     model = make_model(layers=4)

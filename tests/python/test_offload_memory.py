@@ -51,3 +51,24 @@ def test_a_list_or_an_optimizer_holding_the_tensors_keeps_them():
     assert held(m) == {name for name, _ in m.named_parameters()}
     del optimizer
     assert held(m) == set()
+
+
+def test_a_tensor_an_autograd_graph_saved_keeps_its_memory():
+    m = model()
+    out = m[1](m[0](torch.tensor([1, 2]))).sum()     # the graph saves Linear 1's weight
+    assert "1.weight" in held(m)
+    out.backward()
+    del out
+    assert held(m) == set()
+
+
+def test_a_state_dict_or_a_view_of_the_caller_keeps_its_memory():
+    # they share the storage, not the tensor: its storage's users count them
+    m = model()
+    saved = m.state_dict()
+    assert held(m) == {name for name, _ in m.named_parameters()}
+    del saved
+    view = m[2].weight.t()
+    assert held(m) == {"2.weight"}
+    del view
+    assert held(m) == set()
