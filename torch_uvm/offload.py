@@ -387,8 +387,12 @@ def _kept_memory(original: torch.Tensor, to_cpu: bool) -> bool:
     """Whether `original` kept its memory through the offload (something
     else held it), so that undo() copies its value back in place: views,
     state_dict()'s tensors and other holders see it, and nothing new is
-    allocated. Not when module.cpu() asks for a GPU tensor on the CPU."""
-    return original.numel() > 0 and not (to_cpu and original.device.type != "cpu")
+    allocated. Not when module.cpu() asks for a GPU tensor on the CPU, nor
+    where copy_ cannot write (an inference tensor; an expanded one, whose
+    elements share memory): those get new memory as emptied ones do."""
+    return (original.numel() > 0 and not (to_cpu and original.device.type != "cpu")
+            and not original.is_inference()
+            and torch._debug_has_internal_overlap(original) == 0)
 
 
 def _on_cpu_without_copy(t: torch.Tensor) -> torch.Tensor:

@@ -72,3 +72,15 @@ def test_a_state_dict_or_a_view_of_the_caller_keeps_its_memory():
     assert held(m) == {"2.weight"}
     del view
     assert held(m) == set()
+
+
+def test_undo_writes_back_only_where_copy_can_write():
+    # an expanded tensor's elements share memory and an inference tensor
+    # refuses in-place writes: undo() gives those new memory instead
+    from torch_uvm.offload import _kept_memory
+    assert _kept_memory(torch.zeros(3), to_cpu=False)
+    assert not _kept_memory(torch.zeros(3).expand(4, 3), to_cpu=False)
+    with torch.inference_mode():
+        made = torch.zeros(3)
+    assert not _kept_memory(made, to_cpu=False)
+    assert not _kept_memory(torch.empty(0), to_cpu=False)      # emptied by the offload
