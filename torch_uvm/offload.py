@@ -637,12 +637,12 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     tensors = {id(t): t for _, _, own, _ in plan for _, t, _ in own}   # tied ones once
     held = held_elsewhere(tensors, plan)
     _check_host_room(module, tensors, held)
+    # Its own share of the GPU, or a clear refusal (nothing changed yet).
+    lease = _open_lease(device, budget, type(module).__name__)
     # Phase 1 makes every replacement and changes nothing the module's
     # users see, so a failure here (out of memory, say) leaves it as it
     # was. A tensor on the CPU reads its value in its new home from then
     # on, and its own memory goes: the host never holds the weights twice.
-    # Its own share of the GPU, or a clear refusal (nothing changed yet).
-    lease = _open_lease(device, budget, type(module).__name__)
     shared: Dict[int, torch.Tensor] = {}     # id(tensor) -> its replacement: tied stay tied
     try:
         _make_replacements(plan, held, shared, device)
