@@ -801,7 +801,7 @@ def test_a_first_step_makes_room_for_its_states_before_it_makes_them(uvm):
     (since undo() writes kept tensors back in place) the step added 130 MiB
     under 96, alone 2 MiB; the mechanism is not known. Alone, this passes
     without the room too (the mutant "a first step makes its states without
-    room" is killed by test_step_runs_the_closure_and_returns_its_loss)."""
+    room" is killed by the training-loop tests listed with it)."""
     r = run_python(f"""
         import sys
         import torch, torch_uvm as uvm
