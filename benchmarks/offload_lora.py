@@ -1,0 +1,380 @@
+"""Larger than the GPU, LoRA fine-tuning of a Llama-architecture 7B model
+(issue 35, point 1, second bullet) under budgets of 4 and 8 GiB, beside
+all-resident, PyTorch's FSDP2 CPUOffloadPolicy and DeepSpeed ZeRO-3 with its
+parameters offloaded, against the link's limit measured in the same round.
+
+    python benchmarks/offload_lora.py [--rounds 1] [--variants a,b] [--tiny] [--out DIR]
+
+The model: offload_llama's 7B (32 layers, hidden 4096, random bf16 weights,
+13.48 GB, built on the CPU without a second host copy). PEFT LoRA rank 16
+(alpha 32, no dropout) on q, k, v, o, gate, up and down: 40 M trainable
+parameters, fp32 as PEFT makes them beside a bf16 base. Activation
+checkpointing (HF's, non-reentrant), as PEFT's and torchtune's LoRA recipes
+use it. AdamW (lr 1e-4, fused) over the trainable parameters. Sequence 1024,
+batch 1 then batch 4 in one process: a first step right after the placement
+(what a user waits for, with the placement's own time), then at each batch
+one warm-up step and three timed steps, the median counting. Losses are the
+loss of every step, compared with all-resident's.
+
+Variants, each in a fresh process, interleaved round by round:
+- pinned_rate: 1 GiB pinned copies, the link's rate for this round.
+- resident: the whole model on the GPU (the compute limit).
+- torch_uvm_<B>GiB: torch_uvm.offload(model, budget=B), stream_optimizer.
+- fsdp2_cpu_offload: fully_shard on every decoder layer and the root, with
+  CPUOffloadPolicy (weights, gradients and states in pinned host memory; the
+  step on the CPU with fused AdamW, PyTorch's fastest CPU step). Where
+  FSDP2 wants one dtype per group of parameters (older PyTorch), each LoRA
+  Linear is its own group.
+- deepspeed_zero3_offload: ZeRO-3 with parameters and optimizer offloaded,
+  bf16 (its documented mixed precision: fp32 master copies of the adapters in
+  the optimizer), tuned as offload_train tunes it, its live parameters
+  capped at 8 GiB of bf16 elements. Carried as wheels (DS_BUILD_OPS=0).
+
+The link limit: a budget of B bytes holds at most B of the W bytes of
+parameters, so at least W - B cross to the GPU in each pass, forward and
+backward (a recomputation runs beside its backward): tokens/s <= tokens per
+step x h2d / (2 (W - B)). The frozen base sends nothing home; the adapters'
+updates are small enough to stay in any budget. The compute limit is
+all-resident's step. Target: torch_uvm within 1.3x of the larger of the two.
+
+Beside every figure: the process's GPU memory (the driver's free memory,
+sampled; offload_llama.GpuMemory) over the timed steps and over the run,
+PyTorch's allocator's reserved peak, and the peak host memory (ru_maxrss).
+
+Duration on an H100: 326 s a round (each process builds the model in ~21 s;
+DeepSpeed's placement takes ~54 s). --tiny runs the whole script on a
+2-layer Llama in ~150 s, most of it the processes' start (results to
+offload_lora_tiny.*).
+
+Losses: torch_uvm runs all-resident's arithmetic. At 7B scale only the
+first loss (before any update) was bit for bit equal in the last run; the
+later ones differ by up to 0.004, about as FSDP2's do. PyTorch's default
+attention backward need not be deterministic, and this script has no
+deterministic mode yet, so the run cannot tell that from a difference of
+torch_uvm's; the --tiny run's losses were equal throughout.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # torch_uvm
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                   # method
+import method  # noqa: E402
+import offload_llama  # noqa: E402
+
+MiB, GiB = 1 << 20, 1 << 30
+BATCHES, SEQ, TIMED, LR = (1, 4), 1024, 3, 1e-4
+BUDGETS_GIB = (4, 8)
+DS_LIVE_GIB = 8
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+VARIANTS = (["pinned_rate", "resident"] + [f"torch_uvm_{g}GiB" for g in BUDGETS_GIB]
+            + ["fsdp2_cpu_offload", "deepspeed_zero3_offload"])
+EXACT = ("resident", "torch_uvm")   # the same arithmetic: losses can equal all-resident's
+
+
+def peft_model(tiny: bool):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    model = offload_llama.build(tiny)
+    model.config.use_cache = False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    torch.manual_seed(0)                  # the adapters' initial values
+    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=TARGETS,
+                      task_type="CAUSAL_LM")
+    model = get_peft_model(model, lora)
+    model.train()
+    return model
+
+
+def trainable(model):
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def fsdp2(model):
+    import inspect
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29535")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    torch.cuda.set_device(0)
+    policy = CPUOffloadPolicy()
+    # PyTorch before 2.12 or so wants one dtype in a group even for frozen
+    # parameters: there each LoRA Linear (fp32) is a group of its own
+    mixed_ok = "trainable_params" in inspect.getsource(FSDPParamGroup._init_mp_dtypes)
+    for layer in model.base_model.model.model.layers:
+        if not mixed_ok:
+            for name, m in layer.named_modules():
+                if name.rsplit(".", 2)[-2:-1] in (["lora_A"], ["lora_B"]):
+                    fully_shard(m, offload_policy=policy)
+        fully_shard(layer, offload_policy=policy)
+    fully_shard(model, offload_policy=policy)
+    return model, {"lora_linears_sharded_apart": not mixed_ok}
+
+
+def deepspeed(model, budget_hidden: int):
+    import deepspeed as ds
+    import offload_train
+    config = offload_train.deepspeed_config(3, DS_LIVE_GIB * GiB, budget_hidden, LR)
+    config["zero_optimization"]["stage3_max_live_parameters"] = DS_LIVE_GIB * GiB // 2   # bf16
+    config["bf16"] = {"enabled": True}
+    config["train_micro_batch_size_per_gpu"] = BATCHES[0]
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29536"), ("RANK", "0"),
+                       ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(key, value)
+    engine, _, _, _ = ds.initialize(model=model, model_parameters=trainable(model), config=config)
+    return engine, {"zero_optimization": config["zero_optimization"]}
+
+
+def run_variant(variant: str, tiny: bool) -> dict:
+    if variant == "pinned_rate":
+        return method.pinned_rate()
+    import torch
+    kind = "torch_uvm" if variant.startswith("torch_uvm") else variant
+    gpu = offload_llama.GpuMemory()
+    t0 = time.perf_counter()
+    model = peft_model(tiny)
+    out = {"build_s": time.perf_counter() - t0,
+           "weights_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+           "trainable_bytes": sum(p.numel() * p.element_size() for p in trainable(model)),
+           "tokens_per_step": {}, "batches": {}}
+    if kind == "torch_uvm":
+        out["budget_bytes"] = offload_llama.budget_bytes(int(variant.split("_")[2][:-3]), tiny)
+    gpu.start("run")
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    engine = None
+    if kind == "resident":
+        model.cuda()
+    elif kind == "torch_uvm":
+        import torch_uvm
+        handle = torch_uvm.offload(model, budget=out["budget_bytes"], device="cuda")
+    elif kind == "fsdp2_cpu_offload":
+        model, out["fsdp2"] = fsdp2(model)
+    else:
+        engine, out["deepspeed"] = deepspeed(model, model.config.hidden_size)
+    if engine is None:
+        optimizer = torch.optim.AdamW(trainable(model), lr=LR, fused=True)
+        if kind == "torch_uvm":
+            optimizer = handle.stream_optimizer(optimizer)
+    torch.cuda.synchronize()
+    out["place_s"] = time.perf_counter() - t0
+    vocab, seq = model.config.vocab_size, 128 if tiny else SEQ
+
+    def step(ids) -> float:
+        loss = (engine or model)(input_ids=ids, labels=ids).loss
+        if engine is not None:     # the engine's own (it zeroes the gradients)
+            engine.backward(loss)
+            engine.step()
+        else:
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return loss.item()
+
+    def batch(b):
+        return torch.randint(0, vocab, (b, seq), generator=torch.Generator().manual_seed(b)).cuda()
+    t0 = time.perf_counter()
+    first = step(batch(BATCHES[0]))
+    out["first_step_s"] = time.perf_counter() - t0
+    for b in BATCHES:
+        ids = batch(b)
+        losses = [first] if b == BATCHES[0] else []
+        losses.append(step(ids))                                  # warm-up
+        gpu.start("timed")
+        times = []
+        for _ in range(TIMED):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            losses.append(step(ids))
+            times.append(time.perf_counter() - t0)
+        s = sorted(times)[len(times) // 2]
+        out["tokens_per_step"][str(b)] = b * seq
+        out["batches"][str(b)] = {"s_per_step": s, "times_s": times, "tokens_per_s": b * seq / s,
+                                  "losses": losses, "gpu_peak_timed_bytes": gpu.peak("timed")}
+    out.update(gpu_peak_run_bytes=gpu.peak("run"),
+               torch_reserved_peak_bytes=torch.cuda.max_memory_reserved(),
+               host_peak_bytes=offload_llama.host_peak_bytes())
+    gpu.stop()
+    if kind == "torch_uvm":
+        stats = torch_uvm.memory_stats()
+        out.update(resident_units=len(handle.resident_units()), units=len(handle.units),
+                   resident_bytes_peak=handle.residency_stats()["resident_bytes.peak"],
+                   slot_reserved_peak_bytes=stats.get("slots.cuda:0.reserved_bytes.peak"))
+    if kind in ("fsdp2_cpu_offload", "deepspeed_zero3_offload"):
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    return out
+
+
+# ---------------------------------------------------------------- the report
+
+def report(runs: dict, out_dir: str, tiny: bool) -> dict:
+    """Prints the table and the ratios; writes the JSON and the plot."""
+    rates = [r["h2d_gbps"] * 1e9 if r else None for r in runs.get("pinned_rate", [])]
+    rounds = max(len(rs) for rs in runs.values())
+    rates += [None] * (rounds - len(rates))
+    resident = runs.get("resident", [])
+    some = next((r for v, rs in runs.items() if v != "pinned_rate" for r in rs if r), None)
+    weights = some["weights_bytes"] if some else None
+    print(f"\nLlama-architecture {'tiny' if tiny else '7B'} LoRA (rank 16, q k v o gate up down; "
+          f"{_gib(some and some['trainable_bytes'])} GiB trainable), {_gib(weights)} GiB of "
+          f"parameters, sequence {128 if tiny else SEQ}, activation checkpointing; pinned H2D "
+          f"{_fmt(method.summarize([r / 1e9 for r in rates if r]), '.1f')} GB/s")
+    print("| variant | batch | tokens/s (median, min–max) | link limit, tokens/s | x the link "
+          "limit (s/step) | x max(link, resident) | losses = all resident | process GPU, GiB: "
+          "timed (run) | torch reserved peak, GiB | host peak, GiB | placing, s | first step, s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    tables, compared = {}, {}
+    for v, rs in runs.items():
+        if v == "pinned_rate":
+            continue
+        rs = list(rs) + [None] * (rounds - len(rs))
+        for b in map(str, BATCHES):
+            ok = [r for r in rs if r]
+            if not ok:
+                print(f"| {v} | {b} | failed | | | | | | | | | |")
+                continue
+            secs = [r["batches"][b]["s_per_step"] if r else None for r in rs]
+            tokens = ok[0]["tokens_per_step"][b]
+            budget = ok[0].get("budget_bytes")
+            least = 2 * max(0, weights - budget) if budget else None
+            limit_s = [least / h if least and h else None for h in rates]
+            res_s = [r["batches"][b]["s_per_step"] if r else None for r in resident]
+            bound = [max(x for x in (l, r) if x is not None) if (l or r) else None
+                     for l, r in zip(limit_s, res_s + [None] * (rounds - len(res_s)))]
+            x_link = method.ratio(secs, limit_s) if least else None
+            x_bound = method.ratio(secs, bound, target=1.3) if v != "resident" else None
+            ref = next((r["batches"][b]["losses"] for r in resident if r), None)
+            check = method.outputs_check([r["batches"][b]["losses"] for r in ok], ref)
+            exact = v == "resident" or v.startswith("torch_uvm")
+            row = {"tokens_per_s": method.summarize([tokens / s for s in secs if s]),
+                   "s_per_step": method.summarize([s for s in secs if s]),
+                   "link_limit_tokens_per_s": method.summarize(
+                       [tokens / s for s in limit_s if s]) if least else None,
+                   "x_link_limit": x_link, "x_max_link_resident": x_bound,
+                   "least_bytes_per_step": least, "same_losses": check["same"],
+                   "losses_max_abs_difference": check["max_abs_difference"],
+                   "first_loss_same": None if ref is None or b != str(BATCHES[0]) else all(
+                       r["batches"][b]["losses"][0] == ref[0] for r in ok),
+                   **{k: max(r["batches"][b][k] if k in r["batches"][b] else r[k] for r in ok)
+                      for k in ("gpu_peak_timed_bytes", "gpu_peak_run_bytes",
+                                "torch_reserved_peak_bytes", "host_peak_bytes")},
+                   **{k: method.summarize([r[k] for r in ok])
+                      for k in ("place_s", "first_step_s", "build_s")},
+                   **{k: ok[-1][k] for k in ("budget_bytes", "weights_bytes", "trainable_bytes",
+                                             "resident_units", "units", "resident_bytes_peak",
+                                             "slot_reserved_peak_bytes", "fsdp2", "deepspeed")
+                      if k in ok[-1]}}
+            tables[f"{v}, batch {b}"] = row
+            t = row["tokens_per_s"]
+            print(f"| {v} | {b} | {t['median']:.0f} ({t['min']:.0f}–{t['max']:.0f}) | "
+                  f"{_fmt(row['link_limit_tokens_per_s'], '.0f')} | {_fmt(x_link)} | "
+                  f"{_fmt(x_bound)} | {method.describe_check(check, exact)}"
+                  f"{'' if row['first_loss_same'] is None else '; first loss ' + ('equal' if row['first_loss_same'] else 'differs')} | "
+                  f"{_gib(row['gpu_peak_timed_bytes'])} ({_gib(row['gpu_peak_run_bytes'])}) | "
+                  f"{_gib(row['torch_reserved_peak_bytes'])} | {_gib(row['host_peak_bytes'])} | "
+                  f"{row['place_s']['median']:.1f} | {row['first_step_s']['median']:.2f} |")
+            if v.startswith("torch_uvm"):
+                if x_link:
+                    compared[f"{v}, batch {b}: s per step / link limit"] = x_link
+                if x_bound:
+                    compared[f"{v}, batch {b}: s per step / max(link limit, all resident)"] = \
+                        x_bound
+                for anchor in ("fsdp2_cpu_offload", "deepspeed_zero3_offload"):
+                    theirs = [r["batches"][b]["s_per_step"] if r else None
+                              for r in runs.get(anchor, [])]
+                    if any(theirs):
+                        compared[f"{v}, batch {b}: s per step / {anchor}'s"] = method.ratio(
+                            secs, theirs)
+    print("\n| ratio (each round's runs paired) | median (min–max) | target | |")
+    print("|---|---|---|---|")
+    for name, summary in compared.items():
+        print(method.describe(name, summary))
+    os.makedirs(out_dir, exist_ok=True)
+    stem = "offload_lora_tiny" if tiny else "offload_lora"
+    method.write(os.path.join(out_dir, stem + ".json"), compared, runs=runs, tables=tables,
+                 tiny=tiny, seq=128 if tiny else SEQ, batches=list(BATCHES))
+    plot(tables, os.path.join(out_dir, stem + ".png"), tiny)
+    return compared
+
+
+def _gib(x):
+    return "—" if x is None else f"{x / GiB:.2f}"
+
+
+def _fmt(s, fmt=".2f"):
+    return "—" if s is None else format(s["median"], fmt)
+
+
+def plot(tables: dict, path: str, tiny: bool) -> None:
+    """Speed for memory: tokens/s against the process's GPU memory over the
+    timed steps, a point per variant, a panel per batch; the link limit of
+    each budget as a dotted line."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    fig, axes = plt.subplots(1, len(BATCHES), figsize=(6 * len(BATCHES), 4.5))
+    for ax, b in zip(axes, BATCHES):
+        for key, row in tables.items():
+            if not key.endswith(f", batch {b}"):
+                continue
+            name = key[:-len(f", batch {b}")]
+            t = row["tokens_per_s"]
+            x = row["gpu_peak_timed_bytes"] / GiB
+            ax.errorbar([x], [t["median"]], yerr=[[t["median"] - t["min"]], [t["max"] - t["median"]]],
+                        fmt="o", capsize=3, color="tab:blue" if name.startswith("torch_uvm") else
+                        "tab:gray" if name == "resident" else "tab:orange")
+            ax.annotate(name, (x, t["median"]), fontsize=7, xytext=(4, 4),
+                        textcoords="offset points")
+            lim = row["link_limit_tokens_per_s"]
+            if lim:
+                ax.axhline(lim["median"], color="k", ls=":", lw=0.8)
+        ax.set_xlabel("process GPU memory over the timed steps, GiB (mem_get_info)")
+        ax.set_ylabel("tokens/s")
+        ax.set_yscale("log")
+        ax.set_title(f"batch {b} x {128 if tiny else SEQ} tokens (dotted: link limits)")
+    fig.suptitle(f"Llama {'tiny' if tiny else '7B'} LoRA rank 16: speed for GPU memory")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    ap = method.driver_args(argparse.ArgumentParser(
+        description="Llama 7B LoRA: torch_uvm.offload at 4 and 8 GiB beside all-resident, "
+                    "FSDP2 and DeepSpeed, against the link's limit. Variants: "
+                    + ", ".join(VARIANTS)), rounds=1, only="lora")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                  "results"))
+    ap.add_argument("--tiny", nargs="?", const=1, default=0, type=int,
+                    help="a 2-layer, hidden-256 Llama: the whole script in seconds")
+    args = ap.parse_args(argv)
+    if args.variant:
+        print("RESULT " + json.dumps(run_variant(args.variant, bool(args.tiny))), flush=True)
+        return
+    chosen = VARIANTS
+    if args.variants:
+        keep = args.variants.split(",")
+        unknown = [v for v in keep if v not in VARIANTS]
+        if unknown:
+            ap.error(f"unknown variants {unknown}; known: {VARIANTS}")
+        chosen = [v for v in VARIANTS if v in keep or v in method.ALWAYS]
+    script, t0 = os.path.abspath(__file__), time.time()
+    runs = method.interleaved(chosen, args.rounds, lambda v: method.spawn(
+        script, timeout=400, variant=v, tiny=int(args.tiny)),
+        after_round=lambda so_far, done: done < args.rounds and report(
+            so_far, args.out, bool(args.tiny)))
+    report(runs, args.out, bool(args.tiny))
+    print(f"\n{len(chosen)} variants x {args.rounds} rounds in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
