@@ -376,10 +376,7 @@ def main():
                   f"{ok[-1]['peak_resident_bytes'] / MiB:.0f} MiB | {table[v]['correct']} |")
         result["stream_table"] = table
     compared = comparisons(runs)
-    print("\n| ratio (each round's runs paired) | median (min–max) | target | |")
-    print("|---|---|---|---|")
-    for name, summary in compared.items():
-        print(method.describe(name, summary))
+    method.print_comparisons(compared)
     os.makedirs(args.out, exist_ok=True)
     method.write(os.path.join(args.out, "larger_than_gpu.json"), compared, **result)
     try:

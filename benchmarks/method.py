@@ -15,7 +15,9 @@ checks outputs against it (outputs_check); and each variant's GPU memory is
 the driver's answer for the whole process (ProcessGpuMemory), apart from
 any allocator's books.
 """
+import argparse
 import json
+import os
 import subprocess
 import threading
 import time
@@ -154,6 +156,62 @@ def driver_args(ap, rounds: int, only: str):
 # Kept by --variants in every run: the rate a link limit is computed from,
 # and the all-resident run whose outputs every variant is checked against.
 ALWAYS = ("pinned_rate", "resident")
+
+
+def print_comparisons(compared: Dict[str, Optional[dict]]) -> None:
+    """The table of ratios (describe()'s rows) a benchmark prints last."""
+    print("\n| ratio (each round's runs paired) | median (min–max) | target | |")
+    print("|---|---|---|---|")
+    for name, summary in compared.items():
+        print(describe(name, summary))
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, or None (and a line saying
+    so) where matplotlib is missing: a benchmark then writes no plot."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return None
+    return plt
+
+
+def process_driver(script: str, description: str, variants: List[str], extra: List[str],
+                   run_variant: Callable[[str, bool], dict],
+                   report: Callable[[dict, str, bool], object], rounds: int, only: str,
+                   timeout: int, argv=None) -> None:
+    """main() of a benchmark whose variants each run in a fresh process
+    (`script --variant V`), interleaved round by round. With --variant, runs
+    that one here (`run_variant(V, tiny)`) and prints its RESULT line; else
+    runs `variants` (or those named by --variants, among them and `extra`,
+    with ALWAYS kept) and writes `report(runs, out, tiny)` after every round,
+    so a run cut short keeps the rounds it ran."""
+    ap = driver_args(argparse.ArgumentParser(description=description), rounds=rounds, only=only)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(script)),
+                                                  "results"))
+    ap.add_argument("--tiny", nargs="?", const=1, default=0, type=int,
+                    help="a 2-layer, hidden-256 Llama: the whole script in seconds")
+    args = ap.parse_args(argv)
+    if args.variant:
+        print("RESULT " + json.dumps(run_variant(args.variant, bool(args.tiny))), flush=True)
+        return
+    known, chosen = list(variants) + list(extra), list(variants)
+    if args.variants:
+        keep = args.variants.split(",")
+        unknown = [v for v in keep if v not in known]
+        if unknown:
+            ap.error(f"unknown variants {unknown}; known: {known}")
+        chosen = [v for v in known if v in keep or v in ALWAYS]
+    t0 = time.time()
+    runs = interleaved(chosen, args.rounds, lambda v: spawn(
+        os.path.abspath(script), timeout=timeout, variant=v, tiny=int(args.tiny)),
+        after_round=lambda so_far, done: done < args.rounds and report(
+            so_far, args.out, bool(args.tiny)))
+    report(runs, args.out, bool(args.tiny))
+    print(f"\n{len(chosen)} variants x {args.rounds} rounds in {time.time() - t0:.0f} s")
 
 
 def chosen(plan: Dict[str, List[str]], only: str, variants: Optional[str],

@@ -229,10 +229,7 @@ def main():
             if r and r.get("profile"):
                 print(method.describe_profile(f"(g) {v}", r["profile"]))
                 break
-    print("\n| ratio (each round's runs paired) | median (min–max) | target | |")
-    print("|---|---|---|---|")
-    for name, summary in compared.items():
-        print(method.describe(name, summary))
+    method.print_comparisons(compared)
     os.makedirs(args.out, exist_ok=True)
     method.write(os.path.join(args.out, "offload_generate.json"), compared, runs=runs,
                  tables=tables)

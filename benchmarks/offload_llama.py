@@ -67,8 +67,6 @@ the same share of its weights, for a smoke test of the whole script in
 seconds; its results go to offload_llama_tiny.json / .png.
 Writes offload_llama.json and offload_llama.png to --out.
 """
-import argparse
-import json
 import os
 import resource
 import sys
@@ -85,7 +83,6 @@ BATCHES = (1, 8)
 BUDGETS_GIB = (4, 8)
 TIMED, TIMED_S = 2, 10.0          # timed generates: two, or one that takes longer than TIMED_S
 SEED, PROMPT_SEED = 0, 1
-ALWAYS = ("pinned_rate", "resident")   # the limit's rate and the tokens' reference
 
 
 def variants():
@@ -485,10 +482,7 @@ def report(runs: dict, out_dir: str, tiny: bool = False) -> dict:
                 compared[f"{key}, torch_uvm / accelerate, tokens/s"] = vs
             if vs_res and label.startswith("torch_uvm"):
                 compared[f"{key}, tokens/s / all resident's"] = vs_res
-    print("\n| ratio (each round's runs paired) | median (min–max) | target | |")
-    print("|---|---|---|---|")
-    for name, summary in compared.items():
-        print(method.describe(name, summary))
+    method.print_comparisons(compared)
     os.makedirs(out_dir, exist_ok=True)
     stem = "offload_llama_tiny" if tiny else "offload_llama"
     method.write(os.path.join(out_dir, stem + ".json"), compared, runs=runs, tables=tables,
@@ -501,12 +495,8 @@ def plot(tables: dict, path: str, tiny: bool) -> None:
     """Tokens/s per variant, one panel per batch (log scale), each bar
     labelled with the process's GPU memory; the link limit of each budget as
     a dashed line over that budget's bars."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot")
+    plt = method.pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, len(BATCHES), figsize=(6 * len(BATCHES), 4.5))
     for ax, b in zip(axes, BATCHES):
@@ -543,34 +533,11 @@ def plot(tables: dict, path: str, tiny: bool) -> None:
 
 def main(argv=None):
     default, extra = variants()
-    ap = method.driver_args(argparse.ArgumentParser(
-        description="Llama 7B generation: torch_uvm.offload at 4 and 8 GiB beside all-resident "
-                    "and accelerate, against the link's limit. Variants: " +
-                    ", ".join(default) + "; opt-in: " + ", ".join(extra)),
-        rounds=2, only="generate")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                  "results"))
-    ap.add_argument("--tiny", nargs="?", const=1, default=0, type=int,
-                    help="a 2-layer, hidden-256 Llama: the whole script in seconds")
-    args = ap.parse_args(argv)
-    if args.variant:
-        print("RESULT " + json.dumps(run_variant(args.variant, bool(args.tiny))), flush=True)
-        return
-    chosen = default
-    if args.variants:
-        keep = args.variants.split(",")
-        unknown = [v for v in keep if v not in default + extra]
-        if unknown:
-            ap.error(f"unknown variants {unknown}; known: {default + extra}")
-        chosen = [v for v in default + extra if v in keep or v in ALWAYS]
-    script, t0 = os.path.abspath(__file__), time.time()
-    # the report is written after every round: a run cut short keeps the rounds it ran
-    runs = method.interleaved(chosen, args.rounds, lambda v: method.spawn(
-        script, timeout=300, variant=v, tiny=int(args.tiny)),
-        after_round=lambda so_far, done: done < args.rounds and report(
-            so_far, args.out, bool(args.tiny)))
-    report(runs, args.out, bool(args.tiny))
-    print(f"\n{len(chosen)} variants x {args.rounds} rounds in {time.time() - t0:.0f} s")
+    method.process_driver(
+        __file__, "Llama 7B generation: torch_uvm.offload at 4 and 8 GiB beside all-resident "
+        "and accelerate, against the link's limit. Variants: " + ", ".join(default)
+        + "; opt-in: " + ", ".join(extra), default, extra, run_variant, report, rounds=2,
+        only="generate", timeout=300, argv=argv)
 
 
 if __name__ == "__main__":

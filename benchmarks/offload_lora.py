@@ -53,8 +53,6 @@ attention backward need not be deterministic, and this script has no
 deterministic mode yet, so the run cannot tell that from a difference of
 torch_uvm's; the --tiny run's losses were equal throughout.
 """
-import argparse
-import json
 import os
 import sys
 import time
@@ -291,10 +289,7 @@ def report(runs: dict, out_dir: str, tiny: bool) -> dict:
                     if any(theirs):
                         compared[f"{v}, batch {b}: s per step / {anchor}'s"] = method.ratio(
                             secs, theirs)
-    print("\n| ratio (each round's runs paired) | median (min–max) | target | |")
-    print("|---|---|---|---|")
-    for name, summary in compared.items():
-        print(method.describe(name, summary))
+    method.print_comparisons(compared)
     os.makedirs(out_dir, exist_ok=True)
     stem = "offload_lora_tiny" if tiny else "offload_lora"
     method.write(os.path.join(out_dir, stem + ".json"), compared, runs=runs, tables=tables,
@@ -315,12 +310,8 @@ def plot(tables: dict, path: str, tiny: bool) -> None:
     """Speed for memory: tokens/s against the process's GPU memory over the
     timed steps, a point per variant, a panel per batch; the link limit of
     each budget as a dotted line."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot")
+    plt = method.pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, len(BATCHES), figsize=(6 * len(BATCHES), 4.5))
     for ax, b in zip(axes, BATCHES):
@@ -348,32 +339,10 @@ def plot(tables: dict, path: str, tiny: bool) -> None:
 
 
 def main(argv=None):
-    ap = method.driver_args(argparse.ArgumentParser(
-        description="Llama 7B LoRA: torch_uvm.offload at 4 and 8 GiB beside all-resident, "
-                    "FSDP2 and DeepSpeed, against the link's limit. Variants: "
-                    + ", ".join(VARIANTS)), rounds=1, only="lora")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                  "results"))
-    ap.add_argument("--tiny", nargs="?", const=1, default=0, type=int,
-                    help="a 2-layer, hidden-256 Llama: the whole script in seconds")
-    args = ap.parse_args(argv)
-    if args.variant:
-        print("RESULT " + json.dumps(run_variant(args.variant, bool(args.tiny))), flush=True)
-        return
-    chosen = VARIANTS
-    if args.variants:
-        keep = args.variants.split(",")
-        unknown = [v for v in keep if v not in VARIANTS]
-        if unknown:
-            ap.error(f"unknown variants {unknown}; known: {VARIANTS}")
-        chosen = [v for v in VARIANTS if v in keep or v in method.ALWAYS]
-    script, t0 = os.path.abspath(__file__), time.time()
-    runs = method.interleaved(chosen, args.rounds, lambda v: method.spawn(
-        script, timeout=400, variant=v, tiny=int(args.tiny)),
-        after_round=lambda so_far, done: done < args.rounds and report(
-            so_far, args.out, bool(args.tiny)))
-    report(runs, args.out, bool(args.tiny))
-    print(f"\n{len(chosen)} variants x {args.rounds} rounds in {time.time() - t0:.0f} s")
+    method.process_driver(
+        __file__, "Llama 7B LoRA: torch_uvm.offload at 4 and 8 GiB beside all-resident, FSDP2 "
+        "and DeepSpeed, against the link's limit. Variants: " + ", ".join(VARIANTS), VARIANTS,
+        [], run_variant, report, rounds=1, only="lora", timeout=400, argv=argv)
 
 
 if __name__ == "__main__":

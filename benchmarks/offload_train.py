@@ -463,10 +463,7 @@ def main():
         if s == "mlp":
             compared["(mlp) torch_uvm_in_backward, s per step (target 0.3)"] = method.ratio(
                 metric("torch_uvm_in_backward"), [1.0] * args.rounds, target=0.3)
-    print("\n| ratio (each round's runs paired) | median (min–max) | target | |")
-    print("|---|---|---|---|")
-    for name, summary in compared.items():
-        print(method.describe(name, summary))
+    method.print_comparisons(compared)
     os.makedirs(args.out, exist_ok=True)
     method.write(os.path.join(args.out, "offload_train.json"), compared, runs=runs, tables=tables)
     plot(tables, os.path.join(args.out, "offload_train.png"))
