@@ -184,6 +184,7 @@ def run_variant(variant: str, tiny: bool) -> dict:
         losses = [first] if b == BATCHES[0] else []
         losses.append(step(ids))                                  # warm-up
         gpu.start("timed")
+        moved = handle.residency_stats()["prefetched_bytes"] if kind == "torch_uvm" else None
         times = []
         for _ in range(TIMED):
             torch.cuda.synchronize()
@@ -194,6 +195,9 @@ def run_variant(variant: str, tiny: bool) -> dict:
         out["tokens_per_step"][str(b)] = b * seq
         out["batches"][str(b)] = {"s_per_step": s, "times_s": times, "tokens_per_s": b * seq / s,
                                   "losses": losses, "gpu_peak_timed_bytes": gpu.peak("timed")}
+        if moved is not None:     # what torch_uvm brought to the GPU a step (its books)
+            out["batches"][str(b)]["to_gpu_bytes_per_step"] = (
+                handle.residency_stats()["prefetched_bytes"] - moved) / TIMED
     out.update(gpu_peak_run_bytes=gpu.peak("run"),
                torch_reserved_peak_bytes=torch.cuda.max_memory_reserved(),
                host_peak_bytes=offload_llama.host_peak_bytes())
@@ -225,8 +229,9 @@ def report(runs: dict, out_dir: str, tiny: bool) -> dict:
           f"{_fmt(method.summarize([r / 1e9 for r in rates if r]), '.1f')} GB/s")
     print("| variant | batch | tokens/s (median, min–max) | link limit, tokens/s | x the link "
           "limit (s/step) | x max(link, resident) | losses = all resident | process GPU, GiB: "
-          "timed (run) | torch reserved peak, GiB | host peak, GiB | placing, s | first step, s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "timed (run) | torch reserved peak, GiB | host peak, GiB | placing, s | first step, s | "
+          "to the GPU a step, GiB (torch_uvm's books; the least) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     tables, compared = {}, {}
     for v, rs in runs.items():
         if v == "pinned_rate":
@@ -235,7 +240,7 @@ def report(runs: dict, out_dir: str, tiny: bool) -> dict:
         for b in map(str, BATCHES):
             ok = [r for r in rs if r]
             if not ok:
-                print(f"| {v} | {b} | failed | | | | | | | | | |")
+                print(f"| {v} | {b} | failed | | | | | | | | | | |")
                 continue
             secs = [r["batches"][b]["s_per_step"] if r else None for r in rs]
             tokens = ok[0]["tokens_per_step"][b]
@@ -255,7 +260,9 @@ def report(runs: dict, out_dir: str, tiny: bool) -> dict:
                    "link_limit_tokens_per_s": method.summarize(
                        [tokens / s for s in limit_s if s]) if least else None,
                    "x_link_limit": x_link, "x_max_link_resident": x_bound,
-                   "least_bytes_per_step": least, "same_losses": check["same"],
+                   "least_bytes_per_step": least,
+                   "to_gpu_bytes_per_step": ok[-1]["batches"][b].get("to_gpu_bytes_per_step"),
+                   "same_losses": check["same"],
                    "losses_max_abs_difference": check["max_abs_difference"],
                    "first_loss_same": None if ref is None or b != str(BATCHES[0]) else all(
                        r["batches"][b]["losses"][0] == ref[0] for r in ok),
@@ -276,7 +283,8 @@ def report(runs: dict, out_dir: str, tiny: bool) -> dict:
                   f"{'' if row['first_loss_same'] is None else '; first loss ' + ('equal' if row['first_loss_same'] else 'differs')} | "
                   f"{_gib(row['gpu_peak_timed_bytes'])} ({_gib(row['gpu_peak_run_bytes'])}) | "
                   f"{_gib(row['torch_reserved_peak_bytes'])} | {_gib(row['host_peak_bytes'])} | "
-                  f"{row['place_s']['median']:.1f} | {row['first_step_s']['median']:.2f} |")
+                  f"{row['place_s']['median']:.1f} | {row['first_step_s']['median']:.2f} | "
+                  f"{_gib(row['to_gpu_bytes_per_step'])} ({_gib(least)}) |")
             if v.startswith("torch_uvm"):
                 if x_link:
                     compared[f"{v}, batch {b}: s per step / link limit"] = x_link

@@ -36,6 +36,8 @@ def test_the_report_computes_the_limits_and_the_ratios(tmp_path, capsys):
                            _run({1: 1.0, 4: 0.9}, other, budget_bytes=4 * GiB)],
         "fsdp2_cpu_offload": [_run({1: 1.6, 4: 1.8}, other), None],
     }
+    for r in runs["torch_uvm_4GiB"]:
+        r["batches"]["1"]["to_gpu_bytes_per_step"] = 30 * GiB      # its books: 1.5x the least
     compared = L.report(runs, str(tmp_path), tiny=False)
     out = capsys.readouterr().out
     # 10 GiB not resident, brought in both passes: 20 GiB at 50 and at 40 GB/s
@@ -51,7 +53,8 @@ def test_the_report_computes_the_limits_and_the_ratios(tmp_path, capsys):
     row = saved["tables"]["torch_uvm_4GiB, batch 1"]
     assert row["same_losses"] is False and row["first_loss_same"] is True
     assert row["losses_max_abs_difference"] == pytest.approx(0.1)
-    assert row["least_bytes_per_step"] == 20 * GiB
+    assert row["least_bytes_per_step"] == 20 * GiB and row["to_gpu_bytes_per_step"] == 30 * GiB
+    assert "| 30.00 (20.00) |" in out
     assert saved["tables"]["resident, batch 4"]["link_limit_tokens_per_s"] is None
     assert "| torch_uvm_4GiB | 1 |" in out and "| fsdp2_cpu_offload | 4 |" in out
     assert (tmp_path / "offload_lora.png").exists() or "matplotlib missing" in out
