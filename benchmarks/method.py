@@ -158,6 +158,16 @@ def driver_args(ap, rounds: int, only: str):
 ALWAYS = ("pinned_rate", "resident")
 
 
+def gib_cell(nbytes: Optional[float]) -> str:
+    """A table cell of bytes in GiB, or a dash where none were measured."""
+    return "—" if nbytes is None else f"{nbytes / (1 << 30):.2f}"
+
+
+def median_cell(s: Optional[dict], fmt: str = ".2f") -> str:
+    """A table cell of a summary's median (summarize(), ratio()), or a dash."""
+    return "—" if s is None else format(s["median"], fmt)
+
+
 def print_comparisons(compared: Dict[str, Optional[dict]]) -> None:
     """The table of ratios (describe()'s rows) a benchmark prints last."""
     print("\n| ratio (each round's runs paired) | median (min–max) | target | |")

@@ -76,6 +76,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # torch_uvm
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                   # method
 import method  # noqa: E402
+from method import gib_cell, median_cell  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 PROMPT, NEW_TOKENS, WARM_TOKENS = 32, 16, 4
@@ -396,14 +397,6 @@ def series(runs: dict) -> dict:
     return out
 
 
-def _gib(x):
-    return "—" if x is None else f"{x / GiB:.2f}"
-
-
-def _med(s, fmt=".2f"):
-    return "—" if s is None else format(s["median"], fmt)
-
-
 def report(runs: dict, out_dir: str, tiny: bool = False) -> dict:
     """Prints the table and the ratios, writes the JSON and the plot; returns
     the comparisons."""
@@ -413,8 +406,8 @@ def report(runs: dict, out_dir: str, tiny: bool = False) -> dict:
     rate = method.summarize([r for r in rates if r])
     weights = next((x["weights_bytes"] for xs in s.values() for b in xs for x in xs[b] if x), None)
     print(f"\nLlama-architecture {'tiny (2 layers, hidden 256)' if tiny else '7B'}, "
-          f"{_gib(weights)} GiB of bf16 weights, {NEW_TOKENS} new tokens greedy from a "
-          f"{PROMPT}-token prompt; pinned H2D rate: {_med(rate, '.1f')} GB/s")
+          f"{gib_cell(weights)} GiB of bf16 weights, {NEW_TOKENS} new tokens greedy from a "
+          f"{PROMPT}-token prompt; pinned H2D rate: {median_cell(rate, '.1f')} GB/s")
     print("| variant | batch | tokens/s (median, min–max) | link limit, tokens/s | of the limit "
           "| torch_uvm / accelerate | process GPU, GiB: timed (whole run) | torch allocator "
           "reserved peak, GiB | host peak, GiB | placing, s | first token, s | tokens (first "
@@ -470,9 +463,11 @@ def report(runs: dict, out_dir: str, tiny: bool = False) -> dict:
             t, lim = row["tokens_per_s"], row["link_limit_tokens_per_s"]
             print(f"| {label}{' (' + ok[-1]['mode'] + ')' if 'mode' in ok[-1] else ''} | {b} | "
                   f"{t['median']:.2f} ({t['min']:.2f}–{t['max']:.2f}) | "
-                  f"{_med(lim)} | {_med(of_limit)} | {_med(vs)} | "
-                  f"{_gib(row['gpu_peak_timed_bytes'])} ({_gib(row['gpu_peak_run_bytes'])}) | "
-                  f"{_gib(row['torch_reserved_peak_bytes'])} | {_gib(row['host_peak_bytes'])} | "
+                  f"{median_cell(lim)} | {median_cell(of_limit)} | {median_cell(vs)} | "
+                  f"{gib_cell(row['gpu_peak_timed_bytes'])} "
+                  f"({gib_cell(row['gpu_peak_run_bytes'])}) | "
+                  f"{gib_cell(row['torch_reserved_peak_bytes'])} | "
+                  f"{gib_cell(row['host_peak_bytes'])} | "
                   f"{row['place_s']['median']:.1f} | {row['first_token_s']['median']:.2f}"
                   f"{'' if row['first_after_placement'] else ' (warm)'} | {same} ({same_scores}) |")
             if of_limit and label != "resident":

@@ -60,6 +60,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # torch_uvm
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                   # method
 import method  # noqa: E402
+from method import gib_cell, median_cell  # noqa: E402
 import offload_llama  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -224,9 +225,10 @@ def report(runs: dict, out_dir: str, tiny: bool) -> dict:
     some = next((r for v, rs in runs.items() if v != "pinned_rate" for r in rs if r), None)
     weights = some["weights_bytes"] if some else None
     print(f"\nLlama-architecture {'tiny' if tiny else '7B'} LoRA (rank 16, q k v o gate up down; "
-          f"{_gib(some and some['trainable_bytes'])} GiB trainable), {_gib(weights)} GiB of "
+          f"{gib_cell(some and some['trainable_bytes'])} GiB trainable), "
+          f"{gib_cell(weights)} GiB of "
           f"parameters, sequence {128 if tiny else SEQ}, activation checkpointing; pinned H2D "
-          f"{_fmt(method.summarize([r / 1e9 for r in rates if r]), '.1f')} GB/s")
+          f"{median_cell(method.summarize([r / 1e9 for r in rates if r]), '.1f')} GB/s")
     print("| variant | batch | tokens/s (median, min–max) | link limit, tokens/s | x the link "
           "limit (s/step) | x max(link, resident) | losses = all resident | process GPU, GiB: "
           "timed (run) | torch reserved peak, GiB | host peak, GiB | placing, s | first step, s | "
@@ -254,7 +256,7 @@ def report(runs: dict, out_dir: str, tiny: bool) -> dict:
             x_bound = method.ratio(secs, bound, target=1.3) if v != "resident" else None
             ref = next((r["batches"][b]["losses"] for r in resident if r), None)
             check = method.outputs_check([r["batches"][b]["losses"] for r in ok], ref)
-            exact = v == "resident" or v.startswith("torch_uvm")
+            exact = v.startswith(EXACT)
             row = {"tokens_per_s": method.summarize([tokens / s for s in secs if s]),
                    "s_per_step": method.summarize([s for s in secs if s]),
                    "link_limit_tokens_per_s": method.summarize(
@@ -277,14 +279,18 @@ def report(runs: dict, out_dir: str, tiny: bool) -> dict:
                       if k in ok[-1]}}
             tables[f"{v}, batch {b}"] = row
             t = row["tokens_per_s"]
+            first = ("" if row["first_loss_same"] is None else
+                     "; first loss " + ("equal" if row["first_loss_same"] else "differs"))
             print(f"| {v} | {b} | {t['median']:.0f} ({t['min']:.0f}–{t['max']:.0f}) | "
-                  f"{_fmt(row['link_limit_tokens_per_s'], '.0f')} | {_fmt(x_link)} | "
-                  f"{_fmt(x_bound)} | {method.describe_check(check, exact)}"
-                  f"{'' if row['first_loss_same'] is None else '; first loss ' + ('equal' if row['first_loss_same'] else 'differs')} | "
-                  f"{_gib(row['gpu_peak_timed_bytes'])} ({_gib(row['gpu_peak_run_bytes'])}) | "
-                  f"{_gib(row['torch_reserved_peak_bytes'])} | {_gib(row['host_peak_bytes'])} | "
+                  f"{median_cell(row['link_limit_tokens_per_s'], '.0f')} | {median_cell(x_link)} | "
+                  f"{median_cell(x_bound)} | {method.describe_check(check, exact)}"
+                  f"{first} | "
+                  f"{gib_cell(row['gpu_peak_timed_bytes'])} "
+                  f"({gib_cell(row['gpu_peak_run_bytes'])}) | "
+                  f"{gib_cell(row['torch_reserved_peak_bytes'])} | "
+                  f"{gib_cell(row['host_peak_bytes'])} | "
                   f"{row['place_s']['median']:.1f} | {row['first_step_s']['median']:.2f} | "
-                  f"{_gib(row['to_gpu_bytes_per_step'])} ({_gib(least)}) |")
+                  f"{gib_cell(row['to_gpu_bytes_per_step'])} ({gib_cell(least)}) |")
             if v.startswith("torch_uvm"):
                 if x_link:
                     compared[f"{v}, batch {b}: s per step / link limit"] = x_link
@@ -306,14 +312,6 @@ def report(runs: dict, out_dir: str, tiny: bool) -> dict:
     return compared
 
 
-def _gib(x):
-    return "—" if x is None else f"{x / GiB:.2f}"
-
-
-def _fmt(s, fmt=".2f"):
-    return "—" if s is None else format(s["median"], fmt)
-
-
 def plot(tables: dict, path: str, tiny: bool) -> None:
     """Speed for memory: tokens/s against the process's GPU memory over the
     timed steps, a point per variant, a panel per batch; the link limit of
@@ -329,7 +327,8 @@ def plot(tables: dict, path: str, tiny: bool) -> None:
             name = key[:-len(f", batch {b}")]
             t = row["tokens_per_s"]
             x = row["gpu_peak_timed_bytes"] / GiB
-            ax.errorbar([x], [t["median"]], yerr=[[t["median"] - t["min"]], [t["max"] - t["median"]]],
+            ax.errorbar([x], [t["median"]],
+                        yerr=[[t["median"] - t["min"]], [t["max"] - t["median"]]],
                         fmt="o", capsize=3, color="tab:blue" if name.startswith("torch_uvm") else
                         "tab:gray" if name == "resident" else "tab:orange")
             ax.annotate(name, (x, t["median"]), fontsize=7, xytext=(4, 4),
