@@ -24,6 +24,23 @@ import time
 from typing import Callable, Dict, List, Optional
 
 
+# OFFLOAD_DETERMINISTIC=1: deterministic kernels in every variant (and eager
+# attention where a script builds a transformer), so that "losses = all
+# resident" can hold bit for bit where PyTorch's defaults accumulate in a
+# varying order (SDPA's backward, cuBLAS's split reductions).
+DETERMINISTIC = os.environ.get("OFFLOAD_DETERMINISTIC") == "1"
+
+
+def deterministic_kernels() -> None:
+    """Under OFFLOAD_DETERMINISTIC=1, PyTorch's deterministic algorithms
+    (an error where an op has none) and cuBLAS's fixed workspace; before CUDA
+    starts."""
+    if DETERMINISTIC:
+        import torch
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+
+
 def machine() -> dict:
     """The GPU, driver, torch and CUDA a result was measured with."""
     info = {"date": time.strftime("%Y-%m-%d %H:%M")}
@@ -329,19 +346,46 @@ def least_generation_limit(weights: int, budget: int, h2d: float) -> Optional[fl
     return h2d / least if least > 0 and h2d else None
 
 
-def least_training_bytes(weights: int, budget: int) -> dict:
-    """Bytes any placement must move per training step: the weights not
-    resident cross to the GPU once per pass (forward and backward), and the
-    update of each crosses back at least once (its gradient to a CPU step,
-    or the stepped weight to its home)."""
-    streamed = max(0, weights - budget)
-    return {"to_gpu_bytes": 2 * streamed, "home_bytes": streamed}
+def least_training_bytes(weights: int, budget: int, h2d: float = 1.0, d2h: float = 1.0,
+                         states: float = 2.0) -> dict:
+    """Bytes any placement must move per step of a full fine-tune whose
+    optimizer keeps `states` bytes per byte of weights (AdamW: two moments
+    of the weights' dtype), with a budget of `budget` bytes on the GPU and the
+    same arithmetic (the weights, gradients and states in their own dtypes).
+
+    Each weight byte is placed one of three ways: streamed (no budget: to the
+    GPU in forward and again in backward, its gradient home to a step on the
+    CPU: 2 in, 1 out); resident with the step on the CPU (1 byte of budget:
+    the gradient out, the stepped weight back: 1 in, 1 out); or resident with
+    its states (1 + states bytes: nothing crosses). Stepping a weight on the
+    GPU with states that are not resident moves them both ways, more than the
+    CPU step moves. The best mix is a small linear program in y, the budget
+    given to weights resident with their states (the rest of the budget to
+    weights resident alone); its optimum is at a breakpoint of max(in / h2d,
+    out / d2h), so the few candidates are tried. Returns the bytes each way,
+    and the mix (weights resident alone, weights resident with states)."""
+    w, b, s = float(weights), float(min(budget, weights * (1 + states))), float(states)
+
+    def mix(y):
+        alone = max(0.0, min(b - y, w - y / (1 + s)))
+        full = y / (1 + s)                      # weight bytes resident with their states
+        return 2 * w - alone - 2 * full, w - full, alone, full
+    ys = [0.0, b, (b - w) * (1 + s) / s]                          # the ends, all weights resident
+    a, c = (s - 1) / (s + 1), 1 / (1 + s)
+    if a / h2d + c / d2h > 0:                                     # in / h2d = out / d2h
+        ys.append((w / d2h - (2 * w - b) / h2d) / (a / h2d + c / d2h))
+    best = min((mix(min(max(y, 0.0), b)) for y in ys),
+               key=lambda m: max(m[0] / h2d, m[1] / d2h))
+    to_gpu, home, alone, full = best
+    return {"to_gpu_bytes": round(max(0.0, to_gpu)), "home_bytes": round(max(0.0, home)),
+            "resident_alone_bytes": round(alone), "resident_with_states_bytes": round(full)}
 
 
-def least_training_limit_s(weights: int, budget: int, h2d: float, d2h: float) -> float:
+def least_training_limit_s(weights: int, budget: int, h2d: float, d2h: float,
+                           states: float = 2.0) -> float:
     """Seconds per step no placement can beat: least_training_bytes at `h2d`
     and `d2h` bytes/s, both directions at once."""
-    b = least_training_bytes(weights, budget)
+    b = least_training_bytes(weights, budget, h2d, d2h, states)
     return max(b["to_gpu_bytes"] / h2d, b["home_bytes"] / d2h)
 
 

@@ -41,6 +41,12 @@ Variants, each in a fresh process, interleaved round by round:
 - accelerate_pinned_<B>GiB (only when named by --variants): the same with the
   offloaded layers' weights handed to dispatch_model as pinned host tensors
   (its state_dict argument): not a documented form, a stronger anchor.
+- resident_sweep and torch_uvm_4GiB_sweep (only when named): throughput
+  generation, the memory the budget frees spent on batch size (FlexGen's
+  lesson): batches 32, 128, 512 and 1024 in one process ("auto" meets batch
+  32's 1024-row prefill first, so it prefetches), beside the link limit x
+  batch and all resident's tokens/s at the same batch (the compute limit).
+  The plot gains a panel of tokens/s against batch.
 
 The link limit: a budget of B bytes holds at most B bytes of the W bytes of
 weights, so at least W - B cross the link per token whatever the placement:
@@ -82,6 +88,10 @@ MiB, GiB = 1 << 20, 1 << 30
 PROMPT, NEW_TOKENS, WARM_TOKENS = 32, 16, 4
 BATCHES = (1, 8)
 BUDGETS_GIB = (4, 8)
+# Throughput generation (opt-in): the memory a budget frees spent on batch
+# size, FlexGen's lesson. Every weight crosses once per token step whatever
+# the batch, so the link limit grows with the batch until compute binds.
+SWEEP, SWEEP_GIB = (32, 128, 512, 1024), 4
 TIMED, TIMED_S = 2, 10.0          # timed generates: two, or one that takes longer than TIMED_S
 SEED, PROMPT_SEED = 0, 1
 
@@ -92,32 +102,44 @@ def variants():
     for g in BUDGETS_GIB:
         default += [f"torch_uvm_{g}GiB_b{b}" for b in BATCHES] + [f"accelerate_{g}GiB"]
         extra.append(f"accelerate_pinned_{g}GiB")
+    extra += ["resident_sweep", f"torch_uvm_{SWEEP_GIB}GiB_sweep"]
     return default, extra
 
 
 def parse(variant: str):
     """(kind, budget in GiB or None, batches) of a variant's name."""
-    if variant == "resident":
-        return "resident", None, BATCHES
+    if variant in ("resident", "resident_sweep"):
+        return "resident", None, SWEEP if variant.endswith("_sweep") else BATCHES
     kind, rest = variant.rsplit("_", 1)[0], variant.rsplit("_", 1)[1]
-    if kind.startswith("torch_uvm_"):                     # torch_uvm_4GiB_b1
-        return "torch_uvm", int(kind[len("torch_uvm_"):-3]), (int(rest[1:]),)
+    if kind.startswith("torch_uvm_"):                     # torch_uvm_4GiB_b1, torch_uvm_4GiB_sweep
+        return ("torch_uvm", int(kind[len("torch_uvm_"):-3]),
+                SWEEP if rest == "sweep" else (int(rest[1:]),))
     return kind, int(rest[:-3]), BATCHES                  # accelerate(_pinned)_4GiB
 
 
 # ---------------------------------------------------------------- the model
 
-def llama_config(tiny: bool = False):
+# Llama shapes (HF LlamaConfig fields): the 7B of this script; a 3B of
+# Llama-3.2-3B's shapes (28 layers, hidden 3072, grouped-query attention with
+# 8 key-value heads) with Llama-2's 32000-token vocabulary, for full
+# fine-tuning (offload_train's llama); and a tiny one for smoke tests.
+SHAPES = {
+    "7b": dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=11008,
+               num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
+               max_position_embeddings=2048),
+    "3b": dict(num_hidden_layers=28, hidden_size=3072, intermediate_size=8192,
+               num_attention_heads=24, num_key_value_heads=8, vocab_size=32000,
+               max_position_embeddings=2048),
+    "tiny": dict(num_hidden_layers=2, hidden_size=256, intermediate_size=688,
+                 num_attention_heads=4, num_key_value_heads=4, vocab_size=512,
+                 max_position_embeddings=256),
+}
+
+
+def llama_config(tiny: bool = False, shape: str = "7b", **extra):
     from transformers import LlamaConfig
-    if tiny:
-        size = dict(num_hidden_layers=2, hidden_size=256, intermediate_size=688,
-                    num_attention_heads=4, num_key_value_heads=4, vocab_size=512,
-                    max_position_embeddings=256)
-    else:
-        size = dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=11008,
-                    num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
-                    max_position_embeddings=2048)
-    return LlamaConfig(tie_word_embeddings=False, attention_bias=False, **size)
+    return LlamaConfig(tie_word_embeddings=False, attention_bias=False,
+                       **SHAPES["tiny" if tiny else shape], **extra)
 
 
 def weights_bytes(config, element_size: int = 2) -> int:
@@ -184,16 +206,17 @@ def fill_weights(model, device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def build(tiny: bool = False, fill: str = None):
-    """The bf16 Llama on the CPU, without a second full host copy: made on
-    the meta device, given storage by to_empty, filled in place. `fill`: where
-    the random numbers are drawn (default the GPU if there is one: faster)."""
+def build(tiny: bool = False, fill: str = None, shape: str = "7b", dtype=None, **config):
+    """The Llama (bf16 unless `dtype`) on the CPU, without a second full host
+    copy: made on the meta device, given storage by to_empty, filled in place.
+    `fill`: where the random numbers are drawn (default the GPU if there is
+    one: faster). `config`: more LlamaConfig fields (attn_implementation)."""
     import torch
     from transformers import LlamaForCausalLM
-    config = llama_config(tiny)
+    config = llama_config(tiny, shape, **config)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
-    model = model.to(dtype=torch.bfloat16).to_empty(device="cpu")
+    model = model.to(dtype=dtype or torch.bfloat16).to_empty(device="cpu")
     fix_non_persistent(model, config)      # inv_freq in float32, as from_pretrained leaves it
     fill_weights(model, fill or ("cuda" if torch.cuda.is_available() else "cpu"))
     return model.eval()
@@ -402,7 +425,7 @@ def report(runs: dict, out_dir: str, tiny: bool = False) -> dict:
     the comparisons."""
     rates = [r["h2d_gbps"] if r else None for r in runs.get("pinned_rate", [])]
     s = series(runs)
-    ref = {b: next((x for x in s.get("resident", {}).get(b, []) if x), None) for b in BATCHES}
+    ref = {b: next((x for x in xs if x), None) for b, xs in s.get("resident", {}).items()}
     rate = method.summarize([r for r in rates if r])
     weights = next((x["weights_bytes"] for xs in s.values() for b in xs for x in xs[b] if x), None)
     print(f"\nLlama-architecture {'tiny (2 layers, hidden 256)' if tiny else '7B'}, "
@@ -481,7 +504,8 @@ def report(runs: dict, out_dir: str, tiny: bool = False) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     stem = "offload_llama_tiny" if tiny else "offload_llama"
     method.write(os.path.join(out_dir, stem + ".json"), compared, runs=runs, tables=tables,
-                 tiny=tiny, prompt=PROMPT, new_tokens=NEW_TOKENS, batches=list(BATCHES))
+                 tiny=tiny, prompt=PROMPT, new_tokens=NEW_TOKENS, batches=list(BATCHES),
+                 sweep=list(SWEEP))
     plot(tables, os.path.join(out_dir, stem + ".png"), tiny)
     return compared
 
@@ -493,7 +517,11 @@ def plot(tables: dict, path: str, tiny: bool) -> None:
     plt = method.pyplot()
     if plt is None:
         return
-    fig, axes = plt.subplots(1, len(BATCHES), figsize=(6 * len(BATCHES), 4.5))
+    swept = any(k.endswith(f", batch {SWEEP[-1]}") for k in tables)
+    panels = len(BATCHES) + swept
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5))
+    if swept:
+        plot_sweep(axes[-1], tables)
     for ax, b in zip(axes, BATCHES):
         keys = [k for k in tables if k.endswith(f", batch {b}")]
         if not keys:
@@ -524,6 +552,37 @@ def plot(tables: dict, path: str, tiny: bool) -> None:
                  "(labels: process GPU memory, timed runs)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def plot_sweep(ax, tables: dict) -> None:
+    """Tokens/s against batch size (log-log) for each variant measured at
+    more than one batch, labelled with the process's GPU memory at its
+    largest batch; the link limit of the swept budget, which grows with the
+    batch, dashed."""
+    curves = {}
+    for key, row in tables.items():
+        label, b = key.rsplit(", batch ", 1)
+        curves.setdefault(label, []).append((int(b), row))
+    for label, points in sorted(curves.items()):
+        if len(points) < 2:
+            continue
+        points.sort()
+        xs = [b for b, _ in points]
+        ax.plot(xs, [r["tokens_per_s"]["median"] for _, r in points], marker="o", label=label)
+        b, last = points[-1]
+        ax.annotate(f"{last['gpu_peak_timed_bytes'] / GiB:.1f} GiB",
+                    (b, last["tokens_per_s"]["median"]), fontsize=7, xytext=(3, 0),
+                    textcoords="offset points")
+        if label == f"torch_uvm {SWEEP_GIB}GiB":
+            lims = [(b, r["link_limit_tokens_per_s"]) for b, r in points]
+            ax.plot([b for b, lim in lims if lim], [lim["median"] for b, lim in lims if lim],
+                    "k--", label=f"link limit, {SWEEP_GIB} GiB (x batch)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch")
+    ax.set_ylabel("tokens/s")
+    ax.set_title("throughput against batch (labels: process GPU memory)")
+    ax.legend(fontsize=7)
 
 
 def main(argv=None):

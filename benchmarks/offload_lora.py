@@ -46,12 +46,16 @@ DeepSpeed's placement takes ~54 s). --tiny runs the whole script on a
 2-layer Llama in ~150 s, most of it the processes' start (results to
 offload_lora_tiny.*).
 
-Losses: torch_uvm runs all-resident's arithmetic. At 7B scale only the
-first loss (before any update) was bit for bit equal in the last run; the
-later ones differ by up to 0.004, about as FSDP2's do. PyTorch's default
-attention backward need not be deterministic, and this script has no
-deterministic mode yet, so the run cannot tell that from a difference of
-torch_uvm's; the --tiny run's losses were equal throughout.
+Losses: torch_uvm runs all-resident's arithmetic. PyTorch's default
+kernels need not be deterministic (SDPA's backward, cuBLAS's split
+reductions), so OFFLOAD_DETERMINISTIC=1 runs every variant with
+deterministic kernels and eager attention: there torch_uvm's losses can
+equal all resident's bit for bit, and the table says whether they do.
+
+Opt-in variants torch_uvm_2GiB, _3GiB, _6GiB and _10GiB draw torch_uvm's
+speed-for-memory curve beside the anchors' points (the plot joins
+torch_uvm's budgets). Each torch_uvm row records the bytes it brought to the
+GPU a step (its books) beside the least any placement brings.
 """
 import os
 import sys
@@ -70,13 +74,16 @@ DS_LIVE_GIB = 8
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 VARIANTS = (["pinned_rate", "resident"] + [f"torch_uvm_{g}GiB" for g in BUDGETS_GIB]
             + ["fsdp2_cpu_offload", "deepspeed_zero3_offload"])
+# Opt-in: more budgets, for torch_uvm's speed-for-memory curve (issue 35, point 3)
+CURVE = [f"torch_uvm_{g}GiB" for g in (2, 3, 6, 10)]
 EXACT = ("resident", "torch_uvm")   # the same arithmetic: losses can equal all-resident's
 
 
 def peft_model(tiny: bool):
     import torch
     from peft import LoraConfig, get_peft_model
-    model = offload_llama.build(tiny)
+    model = offload_llama.build(tiny, **({"attn_implementation": "eager"}
+                                          if method.DETERMINISTIC else {}))
     model.config.use_cache = False
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     torch.manual_seed(0)                  # the adapters' initial values
@@ -133,6 +140,7 @@ def run_variant(variant: str, tiny: bool) -> dict:
     if variant == "pinned_rate":
         return method.pinned_rate()
     import torch
+    method.deterministic_kernels()
     kind = "torch_uvm" if variant.startswith("torch_uvm") else variant
     gpu = offload_llama.GpuMemory()
     t0 = time.perf_counter()
@@ -224,7 +232,8 @@ def report(runs: dict, out_dir: str, tiny: bool) -> dict:
     resident = runs.get("resident", [])
     some = next((r for v, rs in runs.items() if v != "pinned_rate" for r in rs if r), None)
     weights = some["weights_bytes"] if some else None
-    print(f"\nLlama-architecture {'tiny' if tiny else '7B'} LoRA (rank 16, q k v o gate up down; "
+    print(f"\nLlama-architecture {'tiny' if tiny else '7B'}"
+          f"{' (deterministic kernels, eager attention)' if method.DETERMINISTIC else ''} LoRA (rank 16, q k v o gate up down; "
           f"{gib_cell(some and some['trainable_bytes'])} GiB trainable), "
           f"{gib_cell(weights)} GiB of "
           f"parameters, sequence {128 if tiny else SEQ}, activation checkpointing; pinned H2D "
@@ -307,7 +316,8 @@ def report(runs: dict, out_dir: str, tiny: bool) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     stem = "offload_lora_tiny" if tiny else "offload_lora"
     method.write(os.path.join(out_dir, stem + ".json"), compared, runs=runs, tables=tables,
-                 tiny=tiny, seq=128 if tiny else SEQ, batches=list(BATCHES))
+                 tiny=tiny, seq=128 if tiny else SEQ, batches=list(BATCHES),
+                 deterministic=method.DETERMINISTIC)
     plot(tables, os.path.join(out_dir, stem + ".png"), tiny)
     return compared
 
@@ -336,6 +346,11 @@ def plot(tables: dict, path: str, tiny: bool) -> None:
             lim = row["link_limit_tokens_per_s"]
             if lim:
                 ax.axhline(lim["median"], color="k", ls=":", lw=0.8)
+        curve = sorted((row["gpu_peak_timed_bytes"] / GiB, row["tokens_per_s"]["median"])
+                       for key, row in tables.items()
+                       if key.startswith("torch_uvm") and key.endswith(f", batch {b}"))
+        if len(curve) > 1:     # torch_uvm's budgets, joined: its speed-for-memory curve
+            ax.plot(*zip(*curve), color="tab:blue", lw=1)
         ax.set_xlabel("process GPU memory over the timed steps, GiB (mem_get_info)")
         ax.set_ylabel("tokens/s")
         ax.set_yscale("log")
@@ -348,8 +363,8 @@ def plot(tables: dict, path: str, tiny: bool) -> None:
 def main(argv=None):
     method.process_driver(
         __file__, "Llama 7B LoRA: torch_uvm.offload at 4 and 8 GiB beside all-resident, FSDP2 "
-        "and DeepSpeed, against the link's limit. Variants: " + ", ".join(VARIANTS), VARIANTS,
-        [], run_variant, report, rounds=1, only="lora", timeout=400, argv=argv)
+        "and DeepSpeed, against the link's limit. Variants: " + ", ".join(VARIANTS)
+        + "; opt-in: " + ", ".join(CURVE), VARIANTS, CURVE, run_variant, report, rounds=1, only="lora", timeout=400, argv=argv)
 
 
 if __name__ == "__main__":

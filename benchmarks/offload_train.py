@@ -10,6 +10,14 @@ the anchors, against the link's limit of the step.
 (t2) gpt2: HF GPT-2 config, 24 layers, n_embd 2048 (1.2 B parameters; about
     19 GB of fp32 weights, gradients and AdamW states), batch 4 x 512 tokens,
     under a 4 GiB budget. Tokens per second.
+(t3) llama (issue 35, point 2; only with --only llama): a full fine-tune of
+    a Llama-architecture 3B (Llama-3.2-3B's shapes: 28 layers, hidden 3072,
+    intermediate 8192, 24 heads, 8 key-value heads; vocabulary 32000; 3.0 G
+    parameters, 12.1 GB of fp32 master weights, 48 GB with gradients and
+    AdamW's moments), random weights built by offload_llama's builder (no
+    second host copy), bf16 autocast, HF's activation checkpointing, batch
+    4 x 1024 tokens, under an 8 GiB budget. Tokens per second; target 1.5x
+    the least limit. OFFLOAD_TRAIN_TINY=1 runs it at a tiny shape.
 
 Variants: all resident (in every run: each variant's losses are checked
 against it); torch_uvm.offload with stream_optimizer (the step after
@@ -35,11 +43,15 @@ variant runs the same arithmetic (torch_uvm, GPT-2 only with
 OFFLOAD_DETERMINISTIC=1); where it cannot by nature (a CPU step, another
 optimizer kernel) the table gives the largest difference of the losses.
 
-The link limit (headline) is the least any placement moves: with W bytes
-of weights and a budget of B, the W - B bytes not resident must reach the
-GPU once per pass, 2 (W - B) a step, and each of their updates must come
-back at least once, W - B, both directions at once: max(2 (W - B) / h2d,
-(W - B) / d2h). The second limit, "with the step on the GPU", is torch_uvm's
+The link limit (headline) is the least any placement moves
+(method.least_training_bytes): with W bytes of fp32 weights, AdamW's 2 W of
+moments and a budget of B, each weight byte is streamed (to the GPU in both
+passes, its gradient home to a CPU step: 2 in, 1 out), resident alone (its
+gradient home, the stepped weight back: 1 in, 1 out, 1 byte of budget) or
+resident with its moments (nothing crosses, 3 bytes of budget). With both
+rates equal, B < W gives 2 W - B in and W out; W <= B < 3 W gives
+(3 W - B) / 2 each way; both directions at once. The second limit, "with the
+step on the GPU", is torch_uvm's
 own placement (the resident prefix its plan chose, the step in backward on
 the GPU): streamed weights cross twice to the GPU and once home, and every
 AdamW moment crosses both ways. Rates are the pinned_rate variant's in the
@@ -58,16 +70,23 @@ import method  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 LINK = 55e9   # pinned copies, each way (FINDINGS.md): used only if pinned_rate did not run
+# OFFLOAD_TRAIN_TINY=1: llama at offload_llama's tiny shape, its budget the
+# same share of its weights, for a smoke test of every variant in seconds.
+TINY = os.environ.get("OFFLOAD_TRAIN_TINY") == "1"
 SCENARIOS = {   # hidden: the model's width, which DeepSpeed's bucket sizes follow
     "mlp": {"budget": 1 * GiB, "steps": 5, "lr": 1e-4, "hidden": 4096},
     "gpt2": {"budget": 4 * GiB, "steps": 5, "lr": 1e-4, "hidden": 2048},
+    "llama": {"budget": 8 * GiB, "steps": 5, "lr": 1e-4, "hidden": 256 if TINY else 3072},
 }
+TOKENS = ("gpt2", "llama")      # reported in tokens/s (the others in s / step)
 PLAN = {
     "mlp": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload",
             "torchao_cpu_offload", "bnb_paged_adamw", "deepspeed_zero_offload",
             "deepspeed_zero2_offload_more_memory"],
     "gpt2": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload",
              "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory"],
+    "llama": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward",
+              "fsdp2_cpu_offload", "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory"],
 }
 # The same arithmetic as all-resident's: their losses can equal it bit for
 # bit. The others step on the CPU or with their own kernels.
@@ -75,11 +94,19 @@ EXACT = ("resident", "torch_uvm", "torch_uvm_in_backward")
 # Hold more than the budget on the GPU (the weights at least).
 MORE_MEMORY = ("torchao_cpu_offload", "bnb_paged_adamw", "deepspeed_zero2_offload_more_memory")
 MLP_LAYERS, MLP_WIDTH, MLP_BATCH = 32, 4096, 256
-# OFFLOAD_DETERMINISTIC=1: deterministic kernels (and eager attention for
-# GPT-2) in every variant, so that "losses = all resident" can hold bit for
-# bit where PyTorch's defaults accumulate in a varying order.
-DETERMINISTIC = os.environ.get("OFFLOAD_DETERMINISTIC") == "1"
+DETERMINISTIC = method.DETERMINISTIC    # OFFLOAD_DETERMINISTIC=1 (method.py)
 GPT_BATCH, GPT_SEQ = 4, 512
+LLAMA_BATCH, LLAMA_SEQ = 4, 1024
+
+
+def budget(scenario) -> int:
+    """The scenario's budget; for the tiny llama, the same share of its weights."""
+    b = SCENARIOS[scenario]["budget"]
+    if scenario == "llama" and TINY:
+        import offload_llama
+        b = int(b * offload_llama.weights_bytes(offload_llama.llama_config(True))
+                / offload_llama.weights_bytes(offload_llama.llama_config(shape="3b")))
+    return b
 
 
 def build(scenario):
@@ -98,6 +125,8 @@ def build(scenario):
         def loss_fn(m, x):
             return m(x).square().mean()
         return model, x, loss_fn
+    if scenario == "llama":
+        return build_llama()
     from transformers import GPT2Config, GPT2LMHeadModel
     # deterministic: eager attention (SDPA's backward kernels accumulate with atomics)
     config = GPT2Config(n_embd=2048, n_layer=24, n_head=16, n_positions=GPT_SEQ,
@@ -112,6 +141,26 @@ def build(scenario):
     return model, x, loss_fn
 
 
+def build_llama():
+    """A full fine-tune as users write one: the Llama (3B, offload_llama's
+    builder, no second host copy) in fp32 master weights, bf16 autocast, HF's
+    activation checkpointing (non-reentrant), batch 4 x 1024 tokens."""
+    import torch
+    import offload_llama
+    extra = {"attn_implementation": "eager"} if DETERMINISTIC else {}
+    model = offload_llama.build(TINY, shape="3b", dtype=torch.float32, **extra)
+    model.config.use_cache = False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    x = torch.randint(0, model.config.vocab_size, (LLAMA_BATCH, LLAMA_SEQ),
+                      generator=torch.Generator().manual_seed(1))
+
+    def loss_fn(m, x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return m(input_ids=x, labels=x).loss
+    return model, x, loss_fn
+
+
 def fsdp2(model):
     import torch
     import torch.distributed as dist
@@ -120,7 +169,8 @@ def fsdp2(model):
     os.environ.setdefault("MASTER_PORT", "29533")
     dist.init_process_group("nccl", rank=0, world_size=1)
     torch.cuda.set_device(0)
-    blocks = model.transformer.h if hasattr(model, "transformer") else list(model)
+    blocks = (model.transformer.h if hasattr(model, "transformer")
+              else model.model.layers if hasattr(model, "model") else list(model))
     for block in blocks:
         fully_shard(block, offload_policy=CPUOffloadPolicy())
     fully_shard(model, offload_policy=CPUOffloadPolicy())
@@ -178,9 +228,7 @@ def run(scenario, variant):
     import torch
     if variant == "pinned_rate":
         return method.pinned_rate()
-    if DETERMINISTIC:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+    method.deterministic_kernels()
     if variant.startswith("torch_uvm"):
         import torch_uvm
         torch_uvm.set_enabled_uvm(True)     # before CUDA starts (the sampler's warm-up)
@@ -205,7 +253,7 @@ def measure(scenario, variant):
         model.cuda()
         optimizer = torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True)
     elif uvm:
-        handle = torch_uvm.offload(model, budget=conf["budget"], device="cuda")
+        handle = torch_uvm.offload(model, budget=budget(scenario), device="cuda")
         optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True),
                                             step_in_backward=variant.endswith("in_backward"))
     elif variant == "fsdp2_cpu_offload":
@@ -227,7 +275,7 @@ def measure(scenario, variant):
         optimizer = bnb.optim.PagedAdamW(model.parameters(), lr=conf["lr"])
     elif variant.startswith("deepspeed"):
         config = deepspeed_config(2 if variant == "deepspeed_zero2_offload_more_memory" else 3,
-                                  conf["budget"], conf["hidden"], conf["lr"])
+                                  budget(scenario), conf["hidden"], conf["lr"])
         model = deepspeed_zero_offload(model, config)
         extra["optimizer"] = {"class": type(getattr(model, "basic_optimizer", None)).__name__,
                               "zero_optimization": config["zero_optimization"]}
@@ -300,7 +348,7 @@ def measure(scenario, variant):
         import torch.distributed as dist
         dist.destroy_process_group()
     return {"s_per_step": steady[len(steady) // 2], "first_step_s": times[0], "losses": losses,
-            "weights_bytes": weights, "tokens_per_step": x.numel() if scenario == "gpt2" else None,
+            "weights_bytes": weights, "tokens_per_step": x.numel() if scenario in TOKENS else None,
             **extra}
 
 
@@ -323,7 +371,7 @@ def link_limit(weights: int, resident: int, h2d: float, d2h: float) -> dict:
 def least_limit(weights: int, budget: int, h2d: float, d2h: float) -> dict:
     """The headline limit, the least any placement moves (method.py), in the
     shape of link_limit's answer."""
-    return {**method.least_training_bytes(weights, budget), "h2d_gbps": h2d / 1e9,
+    return {**method.least_training_bytes(weights, budget, h2d, d2h), "h2d_gbps": h2d / 1e9,
             "d2h_gbps": d2h / 1e9,
             "seconds": method.least_training_limit_s(weights, budget, h2d, d2h)}
 
@@ -331,7 +379,7 @@ def least_limit(weights: int, budget: int, h2d: float, d2h: float) -> dict:
 def limits(scenario, runs, rounds):
     """Both limits at the median rates, and each round's, for ratios paired
     with the runs of the same round (None where nothing ran to size them)."""
-    budget = SCENARIOS[scenario]["budget"]
+    limit_budget = budget(scenario)
     some = next((r for v, rs in runs.items() if v != "pinned_rate" for r in rs if r), None)
     uvm_run = next((r for r in runs.get("torch_uvm_in_backward", []) if r), None)
     rate_runs = runs.get("pinned_rate", [])
@@ -343,8 +391,8 @@ def limits(scenario, runs, rounds):
            "least_s": [None] * rounds, "on_gpu_s": [None] * rounds}
     if some:
         w = some["weights_bytes"]
-        out["least"] = least_limit(w, budget, h2d, d2h)
-        out["least_s"] = [method.least_training_limit_s(w, budget, h, d)
+        out["least"] = least_limit(w, limit_budget, h2d, d2h)
+        out["least_s"] = [method.least_training_limit_s(w, limit_budget, h, d)
                           for h, d in zip(h2ds, d2hs)]
     if uvm_run:
         w, r = uvm_run["weights_bytes"], uvm_run["resident_weight_bytes"]
@@ -368,14 +416,17 @@ def report(scenario, runs, rounds):
     rates = (f"pinned {least['h2d_gbps']:.1f} GB/s to the GPU and {least['d2h_gbps']:.1f} home, "
              f"{'measured in this run' if lim['measured'] else 'assumed: pinned_rate did not run'}"
              if least else "no run")
-    print(f"\n({'t' if scenario == 'mlp' else 't2'}) {scenario}"
+    name = {"mlp": "(t) mlp", "gpt2": "(t2) gpt2",
+            "llama": f"(t3) Llama-architecture {'tiny' if TINY else '3B'}, full fine-tune"}
+    print(f"\n{name[scenario]}"
           f"{', deterministic kernels' if DETERMINISTIC else ''}, budget "
-          f"{conf['budget'] / GiB:.0f} GiB, AdamW; {rates}")
-    print(f"link limit, {LEAST} (the weights less the budget: to the GPU in both passes, "
-          f"home once): {describe_limit(least)}")
+          f"{budget(scenario) / GiB:.3g} GiB, AdamW; {rates}")
+    print(f"link limit, {LEAST} (AdamW's moments counted: the weights the budget cannot "
+          f"hold to the GPU in both passes, every gradient of a weight not resident with its "
+          f"moments home and its weight back): {describe_limit(least)}")
     print(f"link limit {ON_GPU} (torch_uvm's placement, step in backward, AdamW's moments "
           f"crossing too): {describe_limit(on_gpu)}")
-    unit = "tokens/s" if scenario == "gpt2" else "s / step"
+    unit = "tokens/s" if scenario in TOKENS else "s / step"
     print(f"| variant | {unit} (median of rounds; min-max) | x the link limit ({LEAST}) | "
           f"x the link limit {ON_GPU} | losses = all resident | "
           "process GPU memory (peak, mem_get_info) | to GPU / home per step (torch_uvm) | "
@@ -390,7 +441,7 @@ def report(scenario, runs, rounds):
         if not ok:
             print(f"| {name} | failed | | | | | | |")
             continue
-        if scenario == "gpt2":
+        if scenario in TOKENS:
             vals = [r["tokens_per_step"] / r["s_per_step"] for r in ok]
         else:
             vals = [r["s_per_step"] for r in ok]
@@ -412,7 +463,7 @@ def report(scenario, runs, rounds):
                     "losses_max_abs_difference": check["max_abs_difference"],
                     "losses": ok[-1]["losses"], "process_gpu_memory": gpu,
                     "more_memory": v in MORE_MEMORY}
-        fmt = ".0f" if scenario == "gpt2" else ".3f"
+        fmt = ".0f" if scenario in TOKENS else ".3f"
         print(f"| {name} | {t['median']:{fmt}} ({t['min']:{fmt}}-{t['max']:{fmt}}) | "
               f"{'—' if x_least is None else f'{x_least:.2f}'} | "
               f"{'—' if x_on_gpu is None else f'{x_on_gpu:.2f}'} | "
@@ -453,7 +504,7 @@ def main():
         for v in ("torch_uvm", "torch_uvm_in_backward"):
             if lim["least"]:
                 compared[f"({s}) {v}, s per step / link limit ({LEAST})"] = method.ratio(
-                    metric(v), lim["least_s"])
+                    metric(v), lim["least_s"], target=1.5 if s == "llama" else None)
             if lim["on_gpu"]:
                 compared[f"({s}) {v}, s per step / link limit {ON_GPU} "
                          f"(torch_uvm's placement)"] = method.ratio(
@@ -493,7 +544,13 @@ def plot(tables, path):
         ax.set_yscale("log")
         ax.set_ylabel("s / step (log)")
         ax.tick_params(axis="x", rotation=25)
-        ax.set_title(f"{s}: budget {SCENARIOS[s]['budget'] / GiB:.0f} GiB")
+        for x, n in enumerate(names):   # the process's GPU memory, the driver's peak
+            gpu = [g for g in t["variants"][n]["process_gpu_memory"] if g]
+            if gpu:
+                ax.annotate(f"{max(g['peak_bytes'] for g in gpu) / GiB:.1f} GiB", (x, med[x]),
+                            ha="center", va="bottom", fontsize=7, xytext=(0, 3),
+                            textcoords="offset points")
+        ax.set_title(f"{s}: budget {budget(s) / GiB:.3g} GiB (labels: process GPU memory)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

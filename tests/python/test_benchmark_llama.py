@@ -38,6 +38,9 @@ def test_variant_names_parse():
     assert L.parse("accelerate_pinned_4GiB") == ("accelerate_pinned", 4, L.BATCHES)
     assert L.parse("resident") == ("resident", None, L.BATCHES)
     assert all(L.parse(v) for v in default[1:] + extra)
+    assert L.parse("torch_uvm_4GiB_sweep") == ("torch_uvm", 4, L.SWEEP)
+    assert L.parse("resident_sweep") == ("resident", None, L.SWEEP)
+    assert "torch_uvm_4GiB_sweep" in extra and "resident_sweep" in extra
 
 
 def _rotaries(model):
@@ -178,3 +181,32 @@ def test_the_driver_runs_the_chosen_variants_interleaved(tmp_path, monkeypatch, 
     saved = json.load(open(tmp_path / "offload_llama_tiny.json"))
     assert saved["tiny"] is True and len(saved["runs"]["torch_uvm_4GiB_b1"]) == 2
     assert "| torch_uvm 4GiB | 1 | 2.00" in capsys.readouterr().out
+
+
+def test_the_sweep_holds_the_limit_to_the_batch_and_checks_tokens_at_each(tmp_path, capsys):
+    """Throughput generation: each swept batch's link limit is the batch
+    times the limit per token step, its tokens are checked against all
+    resident's at the same batch, and the plot gains the sweep's panel."""
+    budget = 4 << 30
+    runs = {
+        "pinned_rate": [{"h2d_gbps": 50.0, "d2h_gbps": 50.0}],
+        "resident": [_process({1: (30.0, True), 8: (200.0, True)}, budget_bytes=None)],
+        "resident_sweep": [_process({b: (25.0 * b, True) for b in L.SWEEP}, budget_bytes=None)],
+        "torch_uvm_4GiB_sweep": [_process({32: (150.0, True), 128: (600.0, True),
+                                           512: (2300.0, True), 1024: (4000.0, False)},
+                                          budget_bytes=budget, mode="prefetch")],
+    }
+    compared = L.report(runs, str(tmp_path))
+    out = capsys.readouterr().out
+    per_step = 50e9 / (10 << 30)
+    for b, tps in ((32, 150.0), (1024, 4000.0)):
+        key = (f"torch_uvm 4GiB, batch {b}, tokens/s / link limit (10240 MiB a token at the "
+               "pinned rate)")
+        assert compared[key]["ratios"] == pytest.approx([tps / (b * per_step)])
+        assert compared[f"torch_uvm 4GiB, batch {b}, tokens/s / all resident's"]["ratios"] == \
+            pytest.approx([tps / (25.0 * b)])
+    saved = json.load(open(tmp_path / "offload_llama.json"))
+    assert saved["tables"]["torch_uvm 4GiB, batch 512"]["same_tokens"] is True
+    assert saved["tables"]["torch_uvm 4GiB, batch 1024"]["same_tokens"] is False
+    assert saved["sweep"] == list(L.SWEEP)
+    assert "| torch_uvm 4GiB (prefetch) | 1024 | 4000.00" in out
