@@ -86,11 +86,14 @@ PLAN = {
     "gpt2": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload",
              "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory"],
     "llama": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward",
-              "fsdp2_cpu_offload", "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory"],
+              "fsdp2_cpu_offload", "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory",
+              "torch_uvm_in_backward_3GiB", "torch_uvm_in_backward_4GiB"],
 }
+# A variant named <variant>_<N>GiB runs under N GiB instead of the scenario's
+# budget: torch_uvm's speed for memory beside the anchors' points.
 # The same arithmetic as all-resident's: their losses can equal it bit for
 # bit. The others step on the CPU or with their own kernels.
-EXACT = ("resident", "torch_uvm", "torch_uvm_in_backward")
+EXACT = ("resident", "torch_uvm")     # and every torch_uvm variant (a prefix)
 # Hold more than the budget on the GPU (the weights at least).
 MORE_MEMORY = ("torchao_cpu_offload", "bnb_paged_adamw", "deepspeed_zero2_offload_more_memory")
 MLP_LAYERS, MLP_WIDTH, MLP_BATCH = 32, 4096, 256
@@ -99,9 +102,11 @@ GPT_BATCH, GPT_SEQ = 4, 512
 LLAMA_BATCH, LLAMA_SEQ = 4, 1024
 
 
-def budget(scenario) -> int:
-    """The scenario's budget; for the tiny llama, the same share of its weights."""
-    b = SCENARIOS[scenario]["budget"]
+def budget(scenario, variant: str = "") -> int:
+    """The variant's budget (its _<N>GiB, else the scenario's); for the tiny
+    llama, the same share of its weights."""
+    last = variant.rsplit("_", 1)[-1]
+    b = int(last[:-3]) * GiB if last.endswith("GiB") else SCENARIOS[scenario]["budget"]
     if scenario == "llama" and TINY:
         import offload_llama
         b = int(b * offload_llama.weights_bytes(offload_llama.llama_config(True))
@@ -253,9 +258,9 @@ def measure(scenario, variant):
         model.cuda()
         optimizer = torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True)
     elif uvm:
-        handle = torch_uvm.offload(model, budget=budget(scenario), device="cuda")
+        handle = torch_uvm.offload(model, budget=budget(scenario, variant), device="cuda")
         optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True),
-                                            step_in_backward=variant.endswith("in_backward"))
+                                            step_in_backward="in_backward" in variant)
     elif variant == "fsdp2_cpu_offload":
         model = fsdp2(model)
         # the parameters are pinned CPU DTensors: fused=True is PyTorch's
@@ -450,8 +455,14 @@ def report(scenario, runs, rounds):
         # the limits bound placements within the budget: not all-resident,
         # nor the variants that hold the weights on the GPU
         bounded = v != "resident" and v not in MORE_MEMORY
-        x_least = secs["median"] / least["seconds"] if least and bounded else None
-        x_on_gpu = secs["median"] / on_gpu["seconds"] if on_gpu and bounded else None
+        own_least, own_on_gpu = least, on_gpu
+        if least and budget(scenario, v) != budget(scenario):    # a variant's own budget
+            h, d = least["h2d_gbps"] * 1e9, least["d2h_gbps"] * 1e9
+            own_least = least_limit(ok[-1]["weights_bytes"], budget(scenario, v), h, d)
+            own_on_gpu = link_limit(ok[-1]["weights_bytes"], ok[-1]["resident_weight_bytes"],
+                                    h, d) if "resident_weight_bytes" in ok[-1] else None
+        x_least = secs["median"] / own_least["seconds"] if own_least and bounded else None
+        x_on_gpu = secs["median"] / own_on_gpu["seconds"] if own_on_gpu and bounded else None
         check = method.outputs_check([r["losses"] for r in ok], ref)
         gpu = [r.get("process_gpu_memory") for r in ok]
         moved = (f"{ok[-1]['to_gpu_bytes_per_step'] / GiB:.2f} / "
@@ -460,6 +471,7 @@ def report(scenario, runs, rounds):
         table[v] = {**{k: ok[-1][k] for k in ok[-1] if k not in ("losses", "process_gpu_memory")},
                     "value": t, "s_per_step": secs, "x_link_limit": x_least,
                     "x_link_limit_with_step_on_gpu": x_on_gpu, "same_losses": check["same"],
+                    "link_limit_s": own_least["seconds"] if own_least else None,
                     "losses_max_abs_difference": check["max_abs_difference"],
                     "losses": ok[-1]["losses"], "process_gpu_memory": gpu,
                     "more_memory": v in MORE_MEMORY}
@@ -467,7 +479,7 @@ def report(scenario, runs, rounds):
         print(f"| {name} | {t['median']:{fmt}} ({t['min']:{fmt}}-{t['max']:{fmt}}) | "
               f"{'—' if x_least is None else f'{x_least:.2f}'} | "
               f"{'—' if x_on_gpu is None else f'{x_on_gpu:.2f}'} | "
-              f"{method.describe_check(check, exact=v in EXACT)} | "
+              f"{method.describe_check(check, exact=v.startswith(EXACT))} | "
               f"{method.gpu_memory_cell(gpu)} | {moved} | "
               f"{ok[-1]['max_memory_allocated'] / GiB:.2f} GiB"
               + (f" + {ok[-1]['slot_bytes_peak'] / GiB:.2f} GiB |" if "slot_bytes_peak" in ok[-1]
@@ -501,7 +513,15 @@ def main():
 
         def metric(v):
             return [r["s_per_step"] if r else None for r in runs[s].get(v, [])]
-        for v in ("torch_uvm", "torch_uvm_in_backward"):
+        for v in [v for v in runs[s] if v.startswith("torch_uvm")]:
+            if budget(s, v) != budget(s):      # its own budget: the ratios to its own limit
+                own = table.get(v, {}).get("link_limit_s")       # at the median rates
+                if own:
+                    compared[f"({s}) {v}, s per step / its link limit ({LEAST})"] = \
+                        method.ratio(metric(v), [own] * args.rounds)
+                compared[f"({s}) {v} / FSDP2 CPUOffloadPolicy, s per step"] = method.ratio(
+                    metric(v), metric("fsdp2_cpu_offload"))
+                continue
             if lim["least"]:
                 compared[f"({s}) {v}, s per step / link limit ({LEAST})"] = method.ratio(
                     metric(v), lim["least_s"], target=1.5 if s == "llama" else None)

@@ -259,3 +259,23 @@ def test_the_full_fine_tune_reports_tokens_against_the_least_limit(monkeypatch, 
     assert "(t3) Llama-architecture 3B, full fine-tune" in out and "| tokens/s" in out
     assert table["torch_uvm_in_backward"]["value"]["median"] == pytest.approx(4096 / 0.8)
     assert table["torch_uvm_in_backward"]["x_link_limit"] == pytest.approx(0.8 / (16 * GiB / 50e9))
+
+
+def test_a_variant_with_its_own_budget_is_held_to_its_own_limit(capsys):
+    """torch_uvm_in_backward_4GiB: the speed-for-memory curve's points are
+    each held to the least limit of their own budget, not the scenario's."""
+    assert offload_train.budget("llama", "torch_uvm_in_backward_4GiB") == 4 * GiB
+    assert offload_train.budget("llama", "torch_uvm_in_backward") == 8 * GiB
+    run = {**fake_train_run([2.0, 1.9], 0.8), "weights_bytes": 12 * GiB, "tokens_per_step": 4096,
+           "resident_weight_bytes": 2 * GiB, "to_gpu_bytes_per_step": 0, "home_bytes_per_step": 0}
+    runs = {"pinned_rate": [{"h2d_gbps": 50.0, "d2h_gbps": 50.0}], "resident": [run],
+            "torch_uvm_in_backward": [{**run, "resident_weight_bytes": 6 * GiB}],
+            "torch_uvm_in_backward_4GiB": [{**run, "s_per_step": 1.0}]}
+    table, lim = offload_train.report("llama", runs, 1)
+    own = table["torch_uvm_in_backward_4GiB"]
+    assert own["link_limit_s"] == pytest.approx(20 * GiB / 50e9)          # 2 W - 4 GiB
+    assert own["x_link_limit"] == pytest.approx(1.0 / (20 * GiB / 50e9))
+    assert own["x_link_limit_with_step_on_gpu"] == pytest.approx(
+        1.0 / offload_train.link_limit(12 * GiB, 2 * GiB, 50e9, 50e9)["seconds"])
+    assert table["torch_uvm_in_backward"]["link_limit_s"] == pytest.approx(16 * GiB / 50e9)
+    assert "| torch_uvm_in_backward_4GiB | 4096 " in capsys.readouterr().out
