@@ -1235,3 +1235,51 @@ def test_an_offload_whose_slot_range_does_not_fit_says_so_at_its_first_forward(u
     finally:
         handle.undo()
         uvm.set_memory_cap(cap)
+
+
+def test_autocast_keeps_no_copy_of_the_offloaded_weights_past_their_use():
+    """Under autocast, the bf16 cast of each fp32 weight (a leaf that
+    requires grad) stays in autocast's cache, on the GPU beside the budget,
+    until the region ends, though nothing else holds it (no autograd here,
+    as under activation checkpointing). Offloaded, a cast lives as long as
+    its use. PyTorch's own allocator measures it, in a fresh process with
+    UVM off; the user's cache setting is back after each forward, a failed
+    one's too."""
+    p = run_python("""
+        import torch, torch_uvm
+        MiB = 1 << 20
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024, bias=False) for _ in range(8)])
+        x = torch.randn(4, 1024, device="cuda")
+
+        def held_after_forward(m):   # PyTorch's allocated bytes a forward leaves in the region
+            with torch.no_grad():
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    m(x)                                 # the first forward learns the order
+                torch.cuda.synchronize()
+                before = torch.cuda.memory_allocated()
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    y = m(x)
+                    held = torch.cuda.memory_allocated() - before
+                    assert torch.is_autocast_cache_enabled()
+            return held, y.float().cpu()
+        resident, want = held_after_forward(model.cuda())   # the cache's 8 casts of 2 MiB
+        handle = torch_uvm.offload(model, budget=12 * MiB, device="cuda")
+        offloaded, got = held_after_forward(model)
+        assert torch.equal(got, want)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            try:
+                model(torch.randn(4, 7, device="cuda"))
+            except RuntimeError:
+                pass
+            assert torch.is_autocast_cache_enabled(), "a failed forward left the cache off"
+        torch.set_autocast_cache_enabled(False)
+        model(x)
+        assert not torch.is_autocast_cache_enabled(), "the user's setting was not kept"
+        print("HELD", resident, offloaded, handle.residency_stats()["prefetched_bytes"])
+    """)
+    assert p.returncode == 0, p.stdout + p.stderr
+    resident, offloaded, brought = map(int, p.stdout.split("HELD")[1].split())
+    assert resident >= 16 * MiB            # the cache, as PyTorch keeps it without an offload
+    assert brought > 0                     # some weights streamed
+    assert offloaded < 2 * MiB, offloaded  # not one weight's cast left
