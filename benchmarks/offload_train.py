@@ -17,7 +17,12 @@ the anchors, against the link's limit of the step.
     AdamW's moments), random weights built by offload_llama's builder (no
     second host copy), bf16 autocast, HF's activation checkpointing, batch
     4 x 1024 tokens, under an 8 GiB budget. Tokens per second; target 1.5x
-    the least limit. OFFLOAD_TRAIN_TINY=1 runs it at a tiny shape.
+    the least limit. OFFLOAD_TRAIN_TINY=1 runs it at a tiny shape. Its
+    opt-in variants: torch_uvm_in_backward_<N>GiB (other budgets, each held
+    to its own limit) and torchtune_single_device, the memory savers users
+    pick instead, rebuilt as torchtune's single-device recipe uses them
+    (bf16 weights on the GPU, bitsandbytes' paged 8-bit AdamW stepped in
+    backward, activation checkpointing): more memory, other arithmetic.
 
 Variants: all resident (in every run: each variant's losses are checked
 against it); torch_uvm.offload with stream_optimizer (the step after
@@ -37,6 +42,8 @@ proper (stage 2: weights and gradients on the GPU, only the optimizer
 offloaded). Variants marked "more memory" hold more than the budget on the
 GPU. DeepSpeed is carried as wheels: built with DS_BUILD_OPS=0, its ops
 compiled by ninja on first use.
+
+Beside every figure, the process's peak host memory (ru_maxrss).
 
 Losses: True/False says bit for bit equal to all-resident's where the
 variant runs the same arithmetic (torch_uvm, GPT-2 only with
@@ -87,7 +94,8 @@ PLAN = {
              "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory"],
     "llama": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward",
               "fsdp2_cpu_offload", "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory",
-              "torch_uvm_in_backward_3GiB", "torch_uvm_in_backward_4GiB"],
+              "torch_uvm_in_backward_3GiB", "torch_uvm_in_backward_4GiB",
+              "torchtune_single_device"],
 }
 # A variant named <variant>_<N>GiB runs under N GiB instead of the scenario's
 # budget: torch_uvm's speed for memory beside the anchors' points.
@@ -95,7 +103,8 @@ PLAN = {
 # bit. The others step on the CPU or with their own kernels.
 EXACT = ("resident", "torch_uvm")     # and every torch_uvm variant (a prefix)
 # Hold more than the budget on the GPU (the weights at least).
-MORE_MEMORY = ("torchao_cpu_offload", "bnb_paged_adamw", "deepspeed_zero2_offload_more_memory")
+MORE_MEMORY = ("torchao_cpu_offload", "bnb_paged_adamw", "deepspeed_zero2_offload_more_memory",
+               "torchtune_single_device")
 MLP_LAYERS, MLP_WIDTH, MLP_BATCH = 32, 4096, 256
 DETERMINISTIC = method.DETERMINISTIC    # OFFLOAD_DETERMINISTIC=1 (method.py)
 GPT_BATCH, GPT_SEQ = 4, 512
@@ -164,6 +173,34 @@ def build_llama():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             return m(input_ids=x, labels=x).loss
     return model, x, loss_fn
+
+
+def torchtune_single_device(model, lr):
+    """The memory savers of torchtune's single-device full fine-tune recipe,
+    rebuilt from the same pieces: the weights in bf16 (no fp32 master copy),
+    all on the GPU; bitsandbytes' paged 8-bit AdamW, one per parameter,
+    stepped in backward as each gradient is complete and the gradient then
+    dropped (torchtune's optimizer_in_bwd); activation checkpointing (the
+    model has it on). Returns the model and an optimizer whose step and
+    zero_grad do nothing (backward did both)."""
+    import bitsandbytes as bnb
+    import torch
+    model = model.to(torch.bfloat16).cuda()
+    per_param = {p: bnb.optim.PagedAdamW8bit([p], lr=lr) for p in model.parameters()}
+
+    def step_now(p):
+        per_param[p].step()
+        per_param[p].zero_grad(set_to_none=True)
+    for p in per_param:
+        p.register_post_accumulate_grad_hook(step_now)
+
+    class InBackward:
+        def step(self):
+            pass
+
+        def zero_grad(self):
+            pass
+    return model, InBackward()
 
 
 def fsdp2(model):
@@ -274,6 +311,10 @@ def measure(scenario, variant):
         model.cuda()
         optimizer = CPUOffloadOptimizer(model.parameters(), torch.optim.AdamW,
                                         offload_gradients=True, lr=conf["lr"], fused=True)
+    elif variant == "torchtune_single_device":
+        model, optimizer = torchtune_single_device(model, conf["lr"])
+        extra["optimizer"] = {"class": "bitsandbytes.optim.PagedAdamW8bit", "in_backward": True,
+                              "params": "bfloat16"}
     elif variant == "bnb_paged_adamw":
         import bitsandbytes as bnb
         model.cuda()
@@ -352,6 +393,8 @@ def measure(scenario, variant):
     if variant == "fsdp2_cpu_offload" or variant.startswith("deepspeed"):
         import torch.distributed as dist
         dist.destroy_process_group()
+    import resource
+    extra["host_peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"s_per_step": steady[len(steady) // 2], "first_step_s": times[0], "losses": losses,
             "weights_bytes": weights, "tokens_per_step": x.numel() if scenario in TOKENS else None,
             **extra}
@@ -435,8 +478,8 @@ def report(scenario, runs, rounds):
     print(f"| variant | {unit} (median of rounds; min-max) | x the link limit ({LEAST}) | "
           f"x the link limit {ON_GPU} | losses = all resident | "
           "process GPU memory (peak, mem_get_info) | to GPU / home per step (torch_uvm) | "
-          "max_memory_allocated (torch_uvm: + its slots' reserved peak) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "max_memory_allocated (torch_uvm: + its slots' reserved peak) | host peak, GiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     table = {}
     for v, rs in runs.items():
         if v == "pinned_rate":
@@ -444,7 +487,7 @@ def report(scenario, runs, rounds):
         name = f"{v} (more memory)" if v in MORE_MEMORY else v
         ok = [r for r in rs if r]
         if not ok:
-            print(f"| {name} | failed | | | | | | |")
+            print(f"| {name} | failed | | | | | | | |")
             continue
         if scenario in TOKENS:
             vals = [r["tokens_per_step"] / r["s_per_step"] for r in ok]
@@ -483,7 +526,8 @@ def report(scenario, runs, rounds):
               f"{method.gpu_memory_cell(gpu)} | {moved} | "
               f"{ok[-1]['max_memory_allocated'] / GiB:.2f} GiB"
               + (f" + {ok[-1]['slot_bytes_peak'] / GiB:.2f} GiB |" if "slot_bytes_peak" in ok[-1]
-                 else " |"))
+                 else " |")
+              + f" {method.gib_cell(ok[-1].get('host_peak_bytes'))} |")
     for v, row in table.items():
         if "optimizer" in row:   # the anchors' step, as it ran
             print(f"  {v}: optimizer {json.dumps(row['optimizer'])}")
