@@ -52,6 +52,10 @@ reductions), so OFFLOAD_DETERMINISTIC=1 runs every variant with
 deterministic kernels and eager attention: there torch_uvm's losses can
 equal all resident's bit for bit, and the table says whether they do.
 
+OFFLOAD_PROFILE=DIR profiles one more batch-1 step of all resident and of
+each torch_uvm variant (traces to DIR) and prints where the GPU's time
+went: each stream's kernels and copies, and the span.
+
 Opt-in variants torch_uvm_2GiB, _3GiB, _6GiB and _10GiB draw torch_uvm's
 speed-for-memory curve beside the anchors' points (the plot joins
 torch_uvm's budgets). Each torch_uvm row records the bytes it brought to the
@@ -207,6 +211,14 @@ def run_variant(variant: str, tiny: bool) -> dict:
         if moved is not None:     # what torch_uvm brought to the GPU a step (its books)
             out["batches"][str(b)]["to_gpu_bytes_per_step"] = (
                 handle.residency_stats()["prefetched_bytes"] - moved) / TIMED
+    where = os.environ.get("OFFLOAD_PROFILE")   # a folder: one more batch-1 step, profiled
+    if where and kind in ("resident", "torch_uvm"):
+        os.makedirs(where, exist_ok=True)
+        ids = batch(BATCHES[0])
+        t0 = time.perf_counter()
+        out["profile"] = method.profiled(lambda: step(ids),
+                                         os.path.join(where, f"offload_lora_{variant}.json"))
+        out["profile"]["wall_s"] = time.perf_counter() - t0
     out.update(gpu_peak_run_bytes=gpu.peak("run"),
                torch_reserved_peak_bytes=torch.cuda.max_memory_reserved(),
                host_peak_bytes=offload_llama.host_peak_bytes())
@@ -313,6 +325,12 @@ def report(runs: dict, out_dir: str, tiny: bool) -> dict:
                         compared[f"{v}, batch {b}: s per step / {anchor}'s"] = method.ratio(
                             secs, theirs)
     method.print_comparisons(compared)
+    for v, rs in runs.items():   # OFFLOAD_PROFILE: where the GPU's time went in one step
+        for r in rs:
+            if r and r.get("profile"):
+                print(method.describe_profile(f"{v}, batch {BATCHES[0]}", r["profile"])
+                      + f"\n  the step under the profiler: {r['profile']['wall_s']:.2f} s")
+                break
     os.makedirs(out_dir, exist_ok=True)
     stem = "offload_lora_tiny" if tiny else "offload_lora"
     method.write(os.path.join(out_dir, stem + ".json"), compared, runs=runs, tables=tables,
