@@ -363,7 +363,17 @@ def least_training_bytes(weights: int, budget: int, h2d: float = 1.0, d2h: float
     given to weights resident with their states (the rest of the budget to
     weights resident alone); its optimum is at a breakpoint of max(in / h2d,
     out / d2h), so the few candidates are tried. Returns the bytes each way,
-    and the mix (weights resident alone, weights resident with states)."""
+    and the mix (weights resident alone, weights resident with states).
+
+    The bytes cross in the weights' own dtype. Under bf16 autocast a
+    placement could send the weights' bf16 casts and their bf16 gradients
+    (the very values autocast makes) and step on the CPU, moving about half
+    as much; this bound does not count that placement. `states` >= 1 (below
+    it, stepping on the GPU with the states streamed would move less than
+    the CPU step, a placement not counted either)."""
+    if states < 1:
+        raise ValueError(f"least_training_bytes counts optimizers with at least one state byte "
+                         f"per weight byte (AdamW: 2), got states={states}")
     w, b, s = float(weights), float(min(budget, weights * (1 + states))), float(states)
 
     def mix(y):

@@ -345,6 +345,7 @@ def run_variant(variant: str, tiny: bool) -> dict:
     t0 = time.perf_counter()
     model = build(tiny)
     out = {"build_s": time.perf_counter() - t0,
+           "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
            "weights_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
            "budget_bytes": budget_bytes(gib, tiny) if gib else None, "batches": {}}
     budget = out["budget_bytes"]
@@ -525,7 +526,7 @@ def plot(tables: dict, path: str, tiny: bool) -> None:
     plt = method.pyplot()
     if plt is None:
         return
-    swept = any(k.endswith(f", batch {SWEEP[-1]}") for k in tables)
+    swept = any(k.endswith(f", batch {b}") for k in tables for b in SWEEP)
     panels = len(BATCHES) + swept
     fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5))
     if swept:

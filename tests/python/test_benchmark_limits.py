@@ -49,6 +49,8 @@ def test_training_must_move_what_the_budget_cannot_hold_of_weights_and_states():
     fits = method.least_training_bytes(6 * GiB, 8 * GiB, 50e9, 50e9)
     assert fits["to_gpu_bytes"] == fits["home_bytes"] == 5 * GiB
     assert method.least_training_limit_s(GiB, 3 * GiB, 50e9, 50e9) == 0    # weights and moments fit
+    with pytest.raises(ValueError, match="states=0.5"):
+        method.least_training_bytes(GiB, 0, 50e9, 50e9, states=0.5)
     # the least is below torch_uvm's own placement's (every AdamW moment crosses)
     own = offload_train.link_limit(2 * GiB, GiB, 50e9, 50e9)
     assert own["to_gpu_bytes"] == 2 * GiB + 4 * GiB and own["home_bytes"] == GiB + 4 * GiB
