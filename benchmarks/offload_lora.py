@@ -245,7 +245,8 @@ def report(runs: dict, out_dir: str, tiny: bool) -> dict:
     some = next((r for v, rs in runs.items() if v != "pinned_rate" for r in rs if r), None)
     weights = some["weights_bytes"] if some else None
     print(f"\nLlama-architecture {'tiny' if tiny else '7B'}"
-          f"{' (deterministic kernels, eager attention)' if method.DETERMINISTIC else ''} LoRA (rank 16, q k v o gate up down; "
+          f"{' (deterministic kernels, eager attention)' if method.DETERMINISTIC else ''} "
+          f"LoRA (rank 16, q k v o gate up down; "
           f"{gib_cell(some and some['trainable_bytes'])} GiB trainable), "
           f"{gib_cell(weights)} GiB of "
           f"parameters, sequence {128 if tiny else SEQ}, activation checkpointing; pinned H2D "
@@ -382,7 +383,8 @@ def main(argv=None):
     method.process_driver(
         __file__, "Llama 7B LoRA: torch_uvm.offload at 4 and 8 GiB beside all-resident, FSDP2 "
         "and DeepSpeed, against the link's limit. Variants: " + ", ".join(VARIANTS)
-        + "; opt-in: " + ", ".join(CURVE), VARIANTS, CURVE, run_variant, report, rounds=1, only="lora", timeout=400, argv=argv)
+        + "; opt-in: " + ", ".join(CURVE), VARIANTS, CURVE, run_variant, report, rounds=1,
+        only="lora", timeout=400, argv=argv)
 
 
 if __name__ == "__main__":

@@ -58,10 +58,9 @@ gradient home, the stepped weight back: 1 in, 1 out, 1 byte of budget) or
 resident with its moments (nothing crosses, 3 bytes of budget). With both
 rates equal, B < W gives 2 W - B in and W out; W <= B < 3 W gives
 (3 W - B) / 2 each way; both directions at once. The second limit, "with the
-step on the GPU", is torch_uvm's
-own placement (the resident prefix its plan chose, the step in backward on
-the GPU): streamed weights cross twice to the GPU and once home, and every
-AdamW moment crosses both ways. Rates are the pinned_rate variant's in the
+step on the GPU", is torch_uvm's own placement (the resident prefix its plan
+chose, the step in backward on the GPU): streamed weights cross twice to the
+GPU and once home, and every AdamW moment crosses both ways. Rates are the pinned_rate variant's in the
 same round. Beside every figure, the process's GPU memory as the driver
 sees it (method.ProcessGpuMemory), apart from torch_uvm's books.
 """
@@ -74,6 +73,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # torch_uvm
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                   # method
 import method  # noqa: E402
+import offload_llama  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 LINK = 55e9   # pinned copies, each way (FINDINGS.md): used only if pinned_rate did not run
@@ -117,7 +117,6 @@ def budget(scenario, variant: str = "") -> int:
     last = variant.rsplit("_", 1)[-1]
     b = int(last[:-3]) * GiB if last.endswith("GiB") else SCENARIOS[scenario]["budget"]
     if scenario == "llama" and TINY:
-        import offload_llama
         b = int(b * offload_llama.weights_bytes(offload_llama.llama_config(True))
                 / offload_llama.weights_bytes(offload_llama.llama_config(shape="3b")))
     return b
@@ -160,7 +159,6 @@ def build_llama():
     builder, no second host copy) in fp32 master weights, bf16 autocast, HF's
     activation checkpointing (non-reentrant), batch 4 x 1024 tokens."""
     import torch
-    import offload_llama
     extra = {"attn_implementation": "eager"} if DETERMINISTIC else {}
     model = offload_llama.build(TINY, shape="3b", dtype=torch.float32, **extra)
     model.config.use_cache = False
@@ -393,8 +391,7 @@ def measure(scenario, variant):
     if variant == "fsdp2_cpu_offload" or variant.startswith("deepspeed"):
         import torch.distributed as dist
         dist.destroy_process_group()
-    import resource
-    extra["host_peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    extra["host_peak_bytes"] = offload_llama.host_peak_bytes()
     return {"s_per_step": steady[len(steady) // 2], "first_step_s": times[0], "losses": losses,
             "weights_bytes": weights, "tokens_per_step": x.numel() if scenario in TOKENS else None,
             **extra}
