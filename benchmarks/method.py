@@ -380,10 +380,11 @@ def least_training_bytes(weights: int, budget: int, h2d: float = 1.0, d2h: float
         alone = max(0.0, min(b - y, w - y / (1 + s)))
         full = y / (1 + s)                      # weight bytes resident with their states
         return 2 * w - alone - 2 * full, w - full, alone, full
-    ys = [0.0, b, (b - w) * (1 + s) / s]                          # the ends, all weights resident
+    # the breakpoints: none to states, every weight resident (past it, budget
+    # goes to states), and where in / h2d = out / d2h (clipped to the
+    # budget, it also stands for "all the budget to states")
     a, c = (s - 1) / (s + 1), 1 / (1 + s)
-    if a / h2d + c / d2h > 0:                                     # in / h2d = out / d2h
-        ys.append((w / d2h - (2 * w - b) / h2d) / (a / h2d + c / d2h))
+    ys = [0.0, (b - w) * (1 + s) / s, (w / d2h - (2 * w - b) / h2d) / (a / h2d + c / d2h)]
     best = min((mix(min(max(y, 0.0), b)) for y in ys),
                key=lambda m: max(m[0] / h2d, m[1] / d2h))
     to_gpu, home, alone, full = best

@@ -48,6 +48,11 @@ def test_training_must_move_what_the_budget_cannot_hold_of_weights_and_states():
     # out saved per 2 bytes of budget
     fits = method.least_training_bytes(6 * GiB, 8 * GiB, 50e9, 50e9)
     assert fits["to_gpu_bytes"] == fits["home_bytes"] == 5 * GiB
+    # the GPU's direction slow: still every weight resident and the rest of the budget to
+    # moments (the breakpoint between the two, not where the directions' times meet)
+    slow_in = method.least_training_bytes(6 * GiB, 8 * GiB, 20e9, 50e9)
+    assert slow_in["to_gpu_bytes"] == slow_in["home_bytes"] == 5 * GiB
+    assert slow_in["resident_alone_bytes"] == 5 * GiB
     assert method.least_training_limit_s(GiB, 3 * GiB, 50e9, 50e9) == 0    # weights and moments fit
     with pytest.raises(ValueError, match="states=0.5"):
         method.least_training_bytes(GiB, 0, 50e9, 50e9, states=0.5)
