@@ -141,7 +141,7 @@ SHAPES = {
 def llama_config(tiny: bool = False, shape: str = "7b", **extra):
     from transformers import LlamaConfig
     return LlamaConfig(tie_word_embeddings=False, attention_bias=False,
-                       **SHAPES["tiny" if tiny else shape], **extra)
+                       **{**SHAPES["tiny" if tiny else shape], **extra})
 
 
 def weights_bytes(config, element_size: int = 2) -> int:

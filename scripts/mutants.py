@@ -64,6 +64,7 @@ from gpu_alone import measures_device_memory  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COPIES = "tests/python/test_gpu_copies.py::"
 OFFLOAD = "tests/python/test_gpu_offload.py::"
+ACTIVATIONS = "tests/python/test_gpu_activations.py::"
 PROFILE = "tests/python/test_gpu_profile.py::"
 LOOPS = "tests/python/test_gpu_training_loops.py::"
 
@@ -184,6 +185,18 @@ MUTANTS = [
     ("autocast keeps its casts of offloaded weights", "torch_uvm/offload.py",
      "    torch.set_autocast_cache_enabled(False)\n", "",
      [OFFLOAD + "test_autocast_keeps_no_copy_of_the_offloaded_weights_past_their_use"]),
+    ("saved activations are brought only when backward asks", "torch_uvm/activations.py",
+     "        i = self._cursor - 1\n", "        i = -1\n",
+     [ACTIVATIONS + "test_activations_leave_the_gpu_and_come_back_ahead_of_backward"]),
+    ("forward holds saved activations past the window", "torch_uvm/activations.py",
+     "if not wait or self._in_flight_bytes <= self.window:", "if True:",
+     [ACTIVATIONS + "test_activations_leave_the_gpu_and_come_back_ahead_of_backward"]),
+    ("a tensor saved twice goes home twice", "torch_uvm/activations.py",
+     "if rec is not None and rec.version == t._version:", "if False:",
+     [ACTIVATIONS + "test_a_tensor_saved_twice_goes_home_once"]),
+    ("weights go home as activations", "torch_uvm/activations.py",
+     "    base = t._base if t._base is not None else t\n", "    return False\n",
+     [ACTIVATIONS + "test_weights_and_small_tensors_stay"]),
     ("a dropped offload keeps its share", "torch_uvm/offload.py",
      "weakref.finalize(self, _end_lease, lease)", "weakref.finalize(self, len, [lease])",
      [OFFLOAD + "test_an_offload_dropped_without_undo_gives_back_what_it_held"]),
