@@ -24,17 +24,20 @@ sequence lengths in ascending order, one warm-up and three timed steps each
   fixed GPU memory): the longest sequence a GPU of that size trains.
 - torch_uvm: torch_uvm.offload_activations() (1 MiB and larger, a 512 MiB
   window), capped.
+- torch_uvm_8GiB: the same with budget=8 GiB: from the second step, the
+  last 8 GiB of saved activations a forward makes stay on the GPU.
 - save_on_cpu: torch.autograd.graph.save_on_cpu(pin_memory=True), capped.
 - torchtune: torchtune's OffloadActivations (its defaults: pinned, a copy
   stream, a stash of 5), capped; its file is loaded from the installed
   torchtune wheel without the package's other imports.
 
-The link: the copies an offload of the saved bytes S must make are S home
-and S back, so a step cannot take less than S/d2h + S/h2d unless compute
-hides them; "covered" says where resident's step is at least that long
-(compute can hide the link), and there the target is torch_uvm's step
-≤ 1.2× resident's. S is what torch_uvm sent (its stats; saved tensors of
-1 MiB and more, deduplicated).
+The link: S is the bytes of saved activations of 1 MiB and more
+(deduplicated) a step makes, what torch_uvm without a budget sends (its
+stats). Where B of them may stay on the GPU, at least L = S - B must go
+home and come back, so a step's copies take L/d2h + L/h2d at the least
+(B = 0 for the anchors); "covered" says where resident's step is at least
+that long (compute can hide the copies), and there the target is a
+torch_uvm step ≤ 1.2× resident's.
 
 Beside every figure: the process's GPU memory (mem_get_info, sampled;
 offload_llama.GpuMemory) over the timed steps, PyTorch's reserved peak, and
@@ -63,9 +66,10 @@ CAP_GIB = 24
 SEQS = {"full": (2048, 4096, 8192, 16384), "checkpointed": (8192, 16384, 32768)}
 TINY_SEQS = (64, 128, 256)
 TIMED = 3
-VARIANTS = ["pinned_rate", "resident", "resident_capped", "torch_uvm", "save_on_cpu",
-            "torchtune"]
-CAPPED = ("resident_capped", "torch_uvm", "save_on_cpu", "torchtune")
+BUDGET_GIB = 8
+VARIANTS = ["pinned_rate", "resident", "resident_capped", "torch_uvm",
+            f"torch_uvm_{BUDGET_GIB}GiB", "save_on_cpu", "torchtune"]
+CAPPED = VARIANTS[2:]
 
 
 def torchtune_offload_activations():
@@ -100,15 +104,22 @@ def torchtune_offload_activations():
     return module.OffloadActivations
 
 
+def activation_budget(variant: str, tiny: bool = False) -> int:
+    """torch_uvm_<N>GiB: N GiB of saved activations may stay (--tiny: N MiB)."""
+    if not variant.startswith("torch_uvm_"):
+        return 0
+    return int(variant.split("_")[2][:-3]) << (20 if tiny else 30)
+
+
 def hooks_for(variant: str, tiny: bool = False):
     """A factory of the variant's context around forward (--tiny: every
     saved tensor is large enough to send)."""
     import contextlib
     import torch
-    if variant == "torch_uvm":
+    if variant.startswith("torch_uvm"):
         import torch_uvm
-        ctx = torch_uvm.offload_activations(min_bytes=0) if tiny else \
-            torch_uvm.offload_activations()
+        ctx = torch_uvm.offload_activations(min_bytes=0 if tiny else 1 << 20,
+                                            budget=activation_budget(variant, tiny))
         return lambda: ctx
     if variant == "save_on_cpu":
         return lambda: torch.autograd.graph.save_on_cpu(pin_memory=True)
@@ -131,7 +142,7 @@ def run_variant(variant: str, tiny: bool, scenario: str = "full") -> dict:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
         model.enable_input_require_grads()     # reentrant checkpointing needs a grad-requiring input
     out = {"weights_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-           "seqs": {}, "cap_bytes": None}
+           "seqs": {}, "cap_bytes": None, "activation_budget_bytes": activation_budget(variant, tiny)}
     if variant in CAPPED:
         cap = (1 if tiny else CAP_GIB) * GiB
         total = torch.cuda.get_device_properties(0).total_memory
@@ -167,14 +178,14 @@ def run_variant(variant: str, tiny: bool, scenario: str = "full") -> dict:
                     row["grad_norm"] = torch.linalg.vector_norm(
                         torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
                     del grads
-                    if variant == "torch_uvm":
+                    if variant.startswith("torch_uvm"):
                         before = dict(h.stats())
                 model.zero_grad(set_to_none=True)
             s = sorted(times)[len(times) // 2]
             row.update(s_per_step=s, times_s=times, tokens_per_s=seq / s, losses=losses,
                        gpu_peak_timed_bytes=gpu.peak(str(seq)),
                        torch_reserved_peak_bytes=torch.cuda.max_memory_reserved())
-            if variant == "torch_uvm":
+            if variant.startswith("torch_uvm"):
                 after = h.stats()
                 row["offload_stats_per_step"] = {
                     k: (after.get(k, 0) - before.get(k, 0)) / (TIMED - 1) for k in after}
@@ -209,9 +220,10 @@ def report(runs: dict, out_dir: str, tiny: bool, scenario: str = "full") -> dict
           f"{scenario}; capped variants at {gib_cell(cap)} GiB of PyTorch's allocator; pinned "
           f"H2D {median_cell(method.summarize([r['h2d_gbps'] for r in rates if r]), '.1f')} / "
           f"D2H {median_cell(method.summarize([r['d2h_gbps'] for r in rates if r]), '.1f')} GB/s")
-    print("| variant | sequence | tokens/s (median, min–max) | x resident's step | saved bytes "
-          "sent, GiB | link time of them, s (covered by resident's compute) | gradient norm "
-          "- resident's | process GPU, GiB | torch reserved peak, GiB | host peak, GiB |")
+    print("| variant | sequence | tokens/s (median, min–max) | x resident's step | least to "
+          "send, GiB (sent) | its copies' least time, s (covered by resident's compute) | "
+          "gradient norm - resident's | process GPU, GiB | torch reserved peak, GiB | host "
+          "peak, GiB |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     tables, compared = {}, {}
     uvm = runs.get("torch_uvm", [])
@@ -231,22 +243,28 @@ def report(runs: dict, out_dir: str, tiny: bool, scenario: str = "full") -> dict
                     "s_per_step" in r["seqs"][seq] else None for r in rs]
             res = [r["seqs"][seq].get("s_per_step") if r and seq in r["seqs"] else None
                    for r in runs.get("resident", [])]
-            sent = next((r["seqs"][seq].get("sent_bytes_per_step") for r in uvm
-                         if r and seq in r["seqs"]), None)
-            link = [sent / a + sent / b if sent and a and b else None
+            saved = next((r["seqs"][seq].get("sent_bytes_per_step") for r in uvm
+                          if r and seq in r["seqs"]), None)
+            least = None if saved is None else \
+                max(0, saved - ok[0].get("activation_budget_bytes", 0))
+            sent = ok[0]["seqs"][seq].get("sent_bytes_per_step")
+            link = [least / a + least / b if least is not None and a and b else None
                     for a, b in zip(d2h[:rounds], h2d[:rounds])]
             covered = None
-            if res and any(res) and any(link):
+            if res and any(res) and any(x is not None for x in link):
                 covered = method.summarize([x for x in res if x])["median"] >= \
-                    method.summarize([x for x in link if x])["median"]
+                    method.summarize([x for x in link if x is not None])["median"]
             norm = next((r["seqs"][seq].get("grad_norm") for r in runs.get("resident", [])
                          if r and seq in r["seqs"]), None)
-            x_res = method.ratio(secs, res, target=1.2 if v == "torch_uvm" and covered else None) \
+            mine = v.startswith("torch_uvm")
+            x_res = method.ratio(secs, res, target=1.2 if mine and covered else None) \
                 if v != "resident" else None
             row = {"tokens_per_s": method.summarize([int(seq) / s for s in secs if s]),
                    "s_per_step": method.summarize([s for s in secs if s]),
-                   "x_resident": x_res, "sent_bytes_per_step": sent,
-                   "link_s": method.summarize([x for x in link if x]), "covered": covered,
+                   "x_resident": x_res, "least_bytes_per_step": least,
+                   "sent_bytes_per_step": sent,
+                   "link_s": method.summarize([x for x in link if x is not None]),
+                   "covered": covered,
                    "grad_norm_minus_resident": None if norm is None else max(
                        abs(r["seqs"][seq]["grad_norm"] - norm) for r in ok),
                    **{k: max(r["seqs"][seq][k] for r in ok)
@@ -255,20 +273,20 @@ def report(runs: dict, out_dir: str, tiny: bool, scenario: str = "full") -> dict
             tables[f"{v}, {seq}"] = row
             t = row["tokens_per_s"]
             print(f"| {v} | {seq} | {t['median']:.0f} ({t['min']:.0f}–{t['max']:.0f}) | "
-                  f"{median_cell(x_res)} | {gib_cell(sent)} | "
+                  f"{median_cell(x_res)} | {gib_cell(least)} ({gib_cell(sent)}) | "
                   f"{median_cell(row['link_s'], '.3f')} ({'—' if covered is None else covered}) | "
                   f"{'—' if row['grad_norm_minus_resident'] is None else format(row['grad_norm_minus_resident'], '.2g')} | "
                   f"{gib_cell(row['gpu_peak_timed_bytes'])} | "
                   f"{gib_cell(row['torch_reserved_peak_bytes'])} | "
                   f"{gib_cell(row['host_peak_bytes'])} |")
-            if v == "torch_uvm" and x_res:
-                compared[f"torch_uvm, {seq}: s per step / resident's"] = x_res
-            if v == "torch_uvm":
+            if mine and x_res:
+                compared[f"{v}, {seq}: s per step / resident's"] = x_res
+            if mine:
                 for anchor in ("save_on_cpu", "torchtune"):
                     theirs = [r["seqs"][seq].get("s_per_step") if r and seq in r["seqs"] else None
                               for r in runs.get(anchor, [])]
                     if any(theirs):
-                        compared[f"torch_uvm, {seq}: s per step / {anchor}'s"] = method.ratio(
+                        compared[f"{v}, {seq}: s per step / {anchor}'s"] = method.ratio(
                             secs, theirs)
     method.print_comparisons(compared)
     os.makedirs(out_dir, exist_ok=True)

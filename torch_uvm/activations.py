@@ -18,17 +18,23 @@ written again otherwise); at most `window` bytes are held so, and past
 that, compute waits for the oldest copy. A tensor saved twice (the input
 of q, k and v) goes home once.
 
-Backward: a tensor still held is used where it is. The others come back on
-the bring stream, `window` bytes ahead of backward, in the reverse of the
-order forward saved them: when backward asks for one, the ones forward
-saved before it are on their way. A tensor brought for a use is held only
-by that use; the home stays until autograd frees the graph, so
-``retain_graph`` backwards and double backward bring it again.
+Backward: a tensor still held is used where it is (those are let go when
+backward ends). The others come back on the bring stream, `window` bytes
+ahead of backward, in the reverse of the order forward saved them: when
+backward asks for one, the ones forward saved before it are on their way.
+A tensor brought back is held until its last use in that backward (one use
+a time it was saved); the home stays until autograd frees the graph, so
+``retain_graph`` backwards bring it again.
+
+With a `budget`, the last saved tensors of a forward stay, up to that many
+bytes (learnt from the forward before): backward needs them first, and only
+the rest crosses the link.
 
 So the activations' GPU memory is at most about two windows (one going,
-one coming) plus what stays (small tensors, parameters): a long sequence
-trains in the memory a short one needs, at the link's speed where compute
-is shorter than the copies (benchmarks/offload_activations.py).
+one coming), the budget, and what stays anyway (small tensors,
+parameters): a long sequence trains in the memory a short one needs, at the
+link's speed where compute is shorter than the copies
+(benchmarks/offload_activations.py).
 
 Not inside a CUDA graph capture or torch.compile's tracing (saved tensors
 stay on the GPU there); one backward at a time per context."""
@@ -50,7 +56,7 @@ DEFAULT_WINDOW = 512 << 20
 class _Saved:
     """One saved tensor that went home."""
     __slots__ = ("seq", "nbytes", "device", "home", "sent", "gpu", "brought", "arrived",
-                 "used_in", "version", "__weakref__")
+                 "used_in", "uses", "left", "version", "__weakref__")
 
     def __init__(self, seq: int, t: torch.Tensor, home: torch.Tensor, sent: torch.cuda.Event):
         self.seq, self.nbytes, self.device = seq, _nbytes(t), t.device
@@ -59,7 +65,18 @@ class _Saved:
         self.brought: Optional[torch.Tensor] = None     # on the GPU again, not yet used
         self.arrived: Optional[torch.cuda.Event] = None
         self.used_in = -2                               # the last backward that used it
+        self.uses = 1                                   # times saved (deduplicated)
+        self.left = 0                                   # uses left in that backward
         self.version = t._version
+
+
+class _Stayed:
+    """One saved tensor the budget kept on the GPU (a record all the same,
+    so that backward tells the context it ran)."""
+    __slots__ = ("t", "__weakref__")
+
+    def __init__(self, t: torch.Tensor):
+        self.t = t
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -106,14 +123,24 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
     `min_bytes`: smaller saved tensors stay on the GPU (default 1 MiB).
     `window`: the bytes on their way in each direction, held on the GPU
     (default 512 MiB); larger overlaps more of the copies with compute,
-    smaller holds less."""
+    smaller holds less.
+    `budget`: the bytes of saved activations that may stay on the GPU
+    (default 0: all go). From the second forward on, the last ones forward
+    saves stay, up to `budget` bytes: backward needs them first, so only the
+    rest crosses the link, and its copies overlap compute at both ends. How
+    many bytes a forward saves is learnt from the one before; a longer one
+    keeps `budget` bytes at most all the same."""
 
-    def __init__(self, min_bytes: int = DEFAULT_MIN_BYTES, window: int = DEFAULT_WINDOW):
-        for name, value in (("min_bytes", min_bytes), ("window", window)):
+    def __init__(self, min_bytes: int = DEFAULT_MIN_BYTES, window: int = DEFAULT_WINDOW,
+                 budget: int = 0):
+        for name, value in (("min_bytes", min_bytes), ("window", window), ("budget", budget)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"torch_uvm.offload_activations: {name} must be an int of "
                                  f"bytes, 0 or more; got {value!r}")
-        self.min_bytes, self.window = min_bytes, window
+        self.min_bytes, self.window, self.budget = min_bytes, window, budget
+        self._forward_bytes = 0    # offered this forward (since the last backward ended)
+        self._stayed_bytes = 0     # of those, kept on the GPU by the budget
+        self._last_forward_bytes: Optional[int] = None
         self._lock = threading.Lock()
         self._streams: Dict[torch.device, tuple] = {}      # device -> (send, bring)
         self._order: List["weakref.ref[_Saved]"] = []       # in the order forward saved them
@@ -121,7 +148,8 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         self._recent: Dict[int, tuple] = {}                 # id(tensor) -> (its ref, record's)
         self._in_flight: "collections.deque[_Saved]" = collections.deque()
         self._in_flight_bytes = 0
-        self._ahead: "weakref.WeakSet[_Saved]" = weakref.WeakSet()
+        self._ahead: "weakref.WeakSet[_Saved]" = weakref.WeakSet()   # brought, not yet used
+        self._held: "weakref.WeakSet[_Saved]" = weakref.WeakSet()    # brought, uses left
         self._ahead_bytes = 0
         self._task = -2            # the backward the bring-ahead follows
         self._cursor = 0           # below it, nothing this backward has brought yet
@@ -132,15 +160,21 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         super().__enter__()
         return self
 
+    STATS = ("sent", "sent_bytes", "deduplicated", "kept", "kept_bytes", "stayed",
+             "stayed_bytes", "waited",
+             "used_in_place", "brought_ahead", "brought_late", "brought_bytes")
+
     def stats(self) -> Dict[str, int]:
         """What moved since the context was made: `sent` / `sent_bytes` (saved
         tensors that went home), `deduplicated` (saved again, sent once),
         `kept` / `kept_bytes` (saved tensors left on the GPU: small, weights,
-        not CUDA), `waited` (forward waited for a copy home: the window was
+        not CUDA), `stayed` / `stayed_bytes` (large enough to go, kept by the
+        budget), `waited` (forward waited for a copy home: the window was
         full), `used_in_place` (backward used one still held), `brought_ahead`
         and `brought_late` (brought back before backward asked, or when it
-        asked) and `brought_bytes`."""
-        return dict(self._stats)
+        asked) and `brought_bytes`. A tensor saved several times is brought
+        once a backward and held until its last use there."""
+        return {k: self._stats[k] for k in self.STATS}
 
     # ------------------------------------------------------------ forward
 
@@ -154,17 +188,36 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
             self._stats["kept_bytes"] += _nbytes(t)
             return t
         with self._lock:
-            hit = self._recent.get(id(t))
-            rec = hit[1]() if hit is not None and hit[0]() is t else None
-            if rec is not None and rec.version == t._version:
-                self._stats["deduplicated"] += 1
-                return rec
-            rec = self._send(t)
             key = id(t)
-            self._recent[key] = (weakref.ref(t, lambda ref, k=key, r=self._recent:
-                                             r.pop(k) if r.get(k, (None,))[0] is ref else None),
-                                 weakref.ref(rec))
-            return rec
+            hit = self._recent.get(key)
+            if hit is not None and hit[0]() is t:
+                rec = hit[1]()
+                if isinstance(rec, _Stayed) or (rec is not None and rec.version == t._version):
+                    self._stats["deduplicated"] += 1
+                    if isinstance(rec, _Saved):
+                        rec.uses += 1
+                    return rec
+            n = _nbytes(t)
+            self._forward_bytes += n
+            if self._stays(n):
+                self._stayed_bytes += n
+                self._stats["stayed"] += 1
+                self._stats["stayed_bytes"] += n
+                out = _Stayed(t)
+            else:
+                out = self._send(t)
+            self._recent[key] = (weakref.ref(t, lambda r, k=key, d=self._recent:
+                                             d.pop(k) if d.get(k, (None,))[0] is r else None),
+                                 weakref.ref(out))
+            return out
+
+    def _stays(self, n: int) -> bool:
+        """Whether a tensor of `n` bytes, the last saved so far, is in the
+        tail of the forward that the budget keeps."""
+        last = self._last_forward_bytes
+        return (self.budget > 0 and last is not None
+                and self._forward_bytes > last - self.budget
+                and self._stayed_bytes + n <= self.budget)
 
     def _streams_for(self, device: torch.device) -> tuple:
         if device not in self._streams:
@@ -186,17 +239,17 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         self._in_flight_bytes += rec.nbytes
         self._stats["sent"] += 1
         self._stats["sent_bytes"] += rec.nbytes
-        self._release_sent()
+        self._release_sent(keep=self.window)
         return rec
 
-    def _release_sent(self, wait: bool = True) -> None:
+    def _release_sent(self, keep: int) -> None:
         """Lets go of the GPU copies of tensors whose copy home ended; while
-        more than `window` bytes are still held, compute waits for the
-        oldest copy (with `wait`, else it leaves those held)."""
+        more than `keep` bytes are still held, compute waits for the oldest
+        copy."""
         while self._in_flight:
             rec = self._in_flight[0]
             if not rec.sent.query():
-                if not wait or self._in_flight_bytes <= self.window:
+                if self._in_flight_bytes <= keep:
                     break
                 torch.cuda.current_stream(rec.device).wait_event(rec.sent)
                 self._stats["waited"] += 1
@@ -220,12 +273,17 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
     def _unpack(self, saved):
         if isinstance(saved, torch.Tensor):
             return saved
-        rec: _Saved = saved
         with self._lock:
-            compute = torch.cuda.current_stream(rec.device)
             task = _graph_task()
             if task != self._task:
                 self._begin_backward(task)
+            if isinstance(saved, _Stayed):
+                return saved.t
+            rec: _Saved = saved
+            compute = torch.cuda.current_stream(rec.device)
+            if rec.used_in != task:
+                rec.used_in, rec.left = task, rec.uses
+            rec.left -= 1
             if rec.gpu is not None:                      # still on its way home
                 t = rec.gpu
                 self._stats["used_in_place"] += 1
@@ -233,17 +291,18 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
                 if rec.brought is None:
                     self._bring(rec)
                     self._stats["brought_late"] += 1
-                else:
+                elif rec in self._ahead:
                     self._stats["brought_ahead"] += 1
                     self._ahead.discard(rec)
                     self._ahead_bytes -= rec.nbytes
-                t, rec.brought = rec.brought, None
+                t = rec.brought
+                if rec.left <= 0:                        # its last use in this backward
+                    rec.brought = None
+                    self._held.discard(rec)
                 compute.wait_event(rec.arrived)
                 t.record_stream(compute)                 # freed by compute, reused after it
-            rec.used_in = task
             self._cursor = min(self._cursor, rec.seq)
             self._bring_ahead(task)
-            self._release_sent(wait=False)
         return t
 
     def _begin_backward(self, task: int) -> None:
@@ -263,6 +322,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
             rec.arrived = torch.cuda.Event()
             rec.arrived.record(bring)
         rec.brought = t
+        self._held.add(rec)
         self._stats["brought_bytes"] += rec.nbytes
 
     def _bring_ahead(self, task: int) -> None:
@@ -282,9 +342,13 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
 
     def _end_backward(self) -> None:
         with self._lock:
-            for rec in list(self._ahead):      # brought, never used: its bring stream's memory
+            for rec in list(self._held):   # uses that did not come (record_stream guards them)
                 rec.brought = None
+            self._held = weakref.WeakSet()
             self._ahead = weakref.WeakSet()
             self._ahead_bytes = 0
             self._task = -2
-            self._release_sent(wait=False)
+            self._release_sent(keep=0)        # what forward left on its way home
+            if self._forward_bytes:
+                self._last_forward_bytes = self._forward_bytes
+            self._forward_bytes = self._stayed_bytes = 0

@@ -17,7 +17,7 @@ import offload_activations as A  # noqa: E402
 GiB = 1 << 30
 
 
-def _run(secs, sent=None, oom=(), norm=1.0):
+def _run(secs, sent=None, oom=(), norm=1.0, budget=0):
     seqs = {}
     for seq, s in secs.items():
         seqs[str(seq)] = {"s_per_step": s, "times_s": [s], "tokens_per_s": seq / s,
@@ -28,7 +28,7 @@ def _run(secs, sent=None, oom=(), norm=1.0):
     for seq in oom:
         seqs[str(seq)] = {"oom": "CUDA out of memory"}
     return {"weights_bytes": 4 * GiB, "seqs": seqs, "cap_bytes": 24 * GiB,
-            "host_peak_bytes": 30 * GiB}
+            "host_peak_bytes": 30 * GiB, "activation_budget_bytes": budget}
 
 
 def test_the_report_marks_where_compute_covers_the_link(tmp_path, capsys):
@@ -41,6 +41,8 @@ def test_the_report_marks_where_compute_covers_the_link(tmp_path, capsys):
         "torch_uvm": [_run({short: 0.6, long: 1.1}, sent, norm=1.5),
                       _run({short: 0.5, long: 1.3}, sent, norm=1.5)],
         "save_on_cpu": [_run({short: 1.2, long: 2.6}), None],
+        "torch_uvm_8GiB": [_run({short: 0.2, long: 1.0}, {short: 2 * GiB, long: 0},
+                                budget=8 * GiB)] * 2,
     }
     compared = A.report(runs, str(tmp_path), tiny=False, scenario="full")
     out = capsys.readouterr().out
@@ -55,6 +57,11 @@ def test_the_report_marks_where_compute_covers_the_link(tmp_path, capsys):
     assert compared[f"torch_uvm, {long}: s per step / save_on_cpu's"]["ratios"] == \
         pytest.approx([1.1 / 2.6])                       # its second round failed
     assert row["grad_norm_minus_resident"] == pytest.approx(0.5)
+    budgeted = saved["tables"][f"torch_uvm_8GiB, {short}"]    # 10 GiB saved, 8 may stay
+    assert budgeted["least_bytes_per_step"] == 2 * GiB and budgeted["covered"] is True  # 0.097 s
+    assert saved["tables"][f"torch_uvm_8GiB, {long}"]["least_bytes_per_step"] == 0
+    assert saved["tables"][f"torch_uvm_8GiB, {long}"]["covered"] is True
+    assert compared[f"torch_uvm_8GiB, {long}: s per step / resident's"]["target"] == 1.2
     assert f"| resident_capped | {long} | out of memory |" in out
     assert saved["tables"][f"resident_capped, {long}"] == {"oom": True}
     assert (tmp_path / "offload_activations_full.png").exists() or "matplotlib missing" in out

@@ -103,7 +103,7 @@ def test_weights_and_small_tensors_stay(uvm):
     loss.backward()
     cpu.backward()
     s = hooks.stats()
-    assert s.get("sent", 0) == 0, s
+    assert s["sent"] == 0, s
     assert s["kept"] >= 4, s
     with uvm.offload_activations(min_bytes=0) as hooks:
         model(x).sum().backward()
@@ -111,7 +111,7 @@ def test_weights_and_small_tensors_stay(uvm):
     assert s["sent"] >= 3 and s["kept"] >= 3, s    # the activations went; x and the weights did not
 
 
-def test_a_tensor_saved_twice_goes_home_once(uvm):
+def test_a_tensor_saved_twice_goes_home_once_and_comes_back_once(uvm):
     w = [torch.randn(1024, 1024, device="cuda", requires_grad=True) for _ in range(3)]
     x = torch.randn(1024, 1024, device="cuda", requires_grad=True)
     h = x * 2                                        # saved by the three matmuls below
@@ -121,6 +121,7 @@ def test_a_tensor_saved_twice_goes_home_once(uvm):
     want = [wi.grad.clone() for wi in w]
     s = hooks.stats()
     assert s["deduplicated"] == 2 and s["sent"] == 1, s
+    assert s["brought_bytes"] == s["sent_bytes"], s   # brought once for its three uses
     for wi in w:
         wi.grad = None
     sum((h.detach() @ wi).sum() for wi in w).backward()
@@ -170,7 +171,9 @@ def test_activations_leave_the_gpu_and_come_back_ahead_of_backward():
     forward leaves on the GPU: eight layers' activations (64 MiB) without
     the context, at most a window and the last layer's with it. Backward
     waits for at most one bring: the others were on their way before it
-    asked (in the reverse of forward's order)."""
+    asked (in the reverse of forward's order). With a budget, the last
+    tensors of the forward stay, within the budget even when the forward
+    is longer than the one it learnt from."""
     p = run_python("""
         import torch, torch_uvm
         MiB = 1 << 20
@@ -201,6 +204,19 @@ def test_activations_leave_the_gpu_and_come_back_ahead_of_backward():
         s = hooks.stats()
         print("HELD", held_resident, held_offloaded, peak, s["sent"], s["brought_late"],
               s["brought_ahead"], s["used_in_place"])
+        # a budget of 16 MiB: from the second forward, the last four stay; a
+        # forward twice as long keeps no more than the budget all the same
+        hooks = torch_uvm.offload_activations(window=8 * MiB, budget=16 * MiB)
+        held_offloaded, _ = held_after_forward(hooks)
+        first = hooks.stats()
+        held_second, _ = held_after_forward(hooks)
+        second = hooks.stats()
+        x = torch.randn(2048, 1024, device="cuda", requires_grad=True)
+        held_longer, _ = held_after_forward(hooks)
+        longer = hooks.stats()
+        print("BUDGET", first["stayed"], second["stayed"] - first["stayed"],
+              second["sent"] - first["sent"], held_second, held_longer,
+              longer["stayed_bytes"] - second["stayed_bytes"])
     """)
     assert p.returncode == 0, p.stdout + p.stderr
     resident, offloaded, peak, sent, late, ahead, in_place = map(
@@ -211,3 +227,10 @@ def test_activations_leave_the_gpu_and_come_back_ahead_of_backward():
     assert late <= 1, (late, ahead, in_place)        # the rest came back before they were asked
     assert ahead + late + in_place >= sent
     assert peak < resident, (peak, resident)         # backward too holds less than all of them
+    stayed_first, stayed, sent_then, held, held_longer, stayed_longer = map(
+        int, p.stdout.split("BUDGET")[1].split())
+    assert stayed_first == 0                          # nothing learnt yet: all went
+    assert stayed == 4 and sent_then == sent - 4, (stayed, sent_then, sent)
+    assert 16 * MiB <= held <= 16 * MiB + 16 * MiB, held
+    assert stayed_longer <= 16 * MiB, stayed_longer
+    assert held_longer <= 16 * MiB + 8 * MiB + 16 * MiB, held_longer   # budget, window, last two
