@@ -219,16 +219,16 @@ def test_activations_leave_the_gpu_and_come_back_ahead_of_backward():
               longer["stayed_bytes"] - second["stayed_bytes"])
     """)
     assert p.returncode == 0, p.stdout + p.stderr
-    resident, offloaded, peak, sent, late, ahead, in_place = map(
-        int, p.stdout.split("HELD")[1].split())
+    printed = {line.split()[0]: list(map(int, line.split()[1:]))
+               for line in p.stdout.splitlines() if line.startswith(("HELD ", "BUDGET "))}
+    resident, offloaded, peak, sent, late, ahead, in_place = printed["HELD"]
     assert resident >= 60 * MiB, resident           # 16 activations of 4 MiB, and the loss's
     assert offloaded <= 8 * MiB + 8 * MiB, offloaded   # a window, and the last layer's two
     assert sent >= 15, sent
     assert late <= 1, (late, ahead, in_place)        # the rest came back before they were asked
     assert ahead + late + in_place >= sent
     assert peak < resident, (peak, resident)         # backward too holds less than all of them
-    stayed_first, stayed, sent_then, held, held_longer, stayed_longer = map(
-        int, p.stdout.split("BUDGET")[1].split())
+    stayed_first, stayed, sent_then, held, held_longer, stayed_longer = printed["BUDGET"]
     assert stayed_first == 0                          # nothing learnt yet: all went
     assert stayed == 4 and sent_then == sent - 4, (stayed, sent_then, sent)
     assert 16 * MiB <= held <= 16 * MiB + 16 * MiB, held
