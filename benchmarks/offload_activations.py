@@ -4,7 +4,8 @@ sent to host memory during forward and brought back during backward, by
 torch_uvm.offload_activations, PyTorch's save_on_cpu and torchtune's
 OffloadActivations, beside the step without offload.
 
-    python benchmarks/offload_activations.py [--rounds 2] [--variants a,b] [--tiny] [--out DIR]
+    python benchmarks/offload_activations.py [--rounds 2] [--only full,checkpointed]
+        [--seqs 8192,16384] [--variants a,b] [--tiny] [--out DIR]
 
 The model: offload_llama's 7B shapes (hidden 4096, intermediate 11008, 32
 heads, vocabulary 32000) with 8 decoder layers: 1.95 G parameters, random
@@ -129,13 +130,13 @@ def hooks_for(variant: str, tiny: bool = False):
     return contextlib.nullcontext
 
 
-def run_variant(variant: str, tiny: bool, scenario: str = "full") -> dict:
+def run_variant(variant: str, tiny: bool, scenario: str = "full", seqs=None) -> dict:
     if variant == "pinned_rate":
         return method.pinned_rate()
     import torch
     method.deterministic_kernels()
     gpu = offload_llama.GpuMemory()
-    seqs = TINY_SEQS if tiny else SEQS[scenario]
+    seqs = seqs or (TINY_SEQS if tiny else SEQS[scenario])
     model = offload_llama.build(tiny, num_hidden_layers=2 if tiny else LAYERS,
                                 max_position_embeddings=max(seqs)).cuda().train()
     if scenario == "checkpointed":
@@ -205,13 +206,13 @@ def run_variant(variant: str, tiny: bool, scenario: str = "full") -> dict:
 
 # ---------------------------------------------------------------- the report
 
-def report(runs: dict, out_dir: str, tiny: bool, scenario: str = "full") -> dict:
+def report(runs: dict, out_dir: str, tiny: bool, scenario: str = "full", seqs=None) -> dict:
     """Prints the table and the ratios; writes the JSON and the plot."""
     rates = runs.get("pinned_rate", [])
     rounds = max(len(rs) for rs in runs.values())
     h2d = [r["h2d_gbps"] * 1e9 if r else None for r in rates] + [None] * rounds
     d2h = [r["d2h_gbps"] * 1e9 if r else None for r in rates] + [None] * rounds
-    seqs = TINY_SEQS if tiny else SEQS[scenario]
+    seqs = seqs or (TINY_SEQS if tiny else SEQS[scenario])
     some = next((r for v, rs in runs.items() if v != "pinned_rate" for r in rs if r), None)
     cap = next((r["cap_bytes"] for v, rs in runs.items() for r in rs if r and r.get("cap_bytes")),
                None)
@@ -334,11 +335,14 @@ def main(argv=None):
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "results"))
     ap.add_argument("--tiny", nargs="?", const=1, default=0, type=int)
+    ap.add_argument("--seqs", default="", help="sequence lengths (comma-separated) instead of "
+                    "the scenario's")
     args = ap.parse_args(argv)
+    seqs = [int(x) for x in args.seqs.split(",") if x] or None
     if args.variant:
         import json
         print("RESULT " + json.dumps(run_variant(args.variant, bool(args.tiny),
-                                                 args.scenario or "full")), flush=True)
+                                                 args.scenario or "full", seqs)), flush=True)
         return
     plan = {s: list(VARIANTS) for s in SEQS}
     scenarios = method.chosen(plan, args.only, args.variants)
@@ -346,8 +350,8 @@ def main(argv=None):
     for scenario in scenarios:
         runs = method.interleaved(plan[scenario], args.rounds, lambda v: method.spawn(
             os.path.abspath(__file__), timeout=600, variant=v, scenario=scenario,
-            tiny=int(args.tiny)))
-        report(runs, args.out, bool(args.tiny), scenario)
+            tiny=int(args.tiny), seqs=args.seqs))
+        report(runs, args.out, bool(args.tiny), scenario, seqs)
     print(f"\n{len(scenarios)} scenarios x {args.rounds} rounds in {time.time() - t0:.0f} s")
 
 

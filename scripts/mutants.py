@@ -190,7 +190,7 @@ MUTANTS = [
      [ACTIVATIONS + "test_activations_leave_the_gpu_and_come_back_ahead_of_backward"]),
     ("forward holds saved activations past the window", "torch_uvm/activations.py",
      "if self._in_flight_bytes <= keep:", "if True:",
-     [ACTIVATIONS + "test_activations_leave_the_gpu_and_come_back_ahead_of_backward"]),
+     [ACTIVATIONS + "test_forward_waits_for_its_copies_past_the_window"]),
     ("a tensor saved twice goes home twice", "torch_uvm/activations.py",
      "if hit is not None and hit[0]() is t:", "if False:",
      [ACTIVATIONS + "test_a_tensor_saved_twice_goes_home_once_and_comes_back_once"]),

@@ -234,3 +234,39 @@ def test_activations_leave_the_gpu_and_come_back_ahead_of_backward():
     assert 16 * MiB <= held <= 16 * MiB + 16 * MiB, held
     assert stayed_longer <= 16 * MiB, stayed_longer
     assert held_longer <= 16 * MiB + 8 * MiB + 16 * MiB, held_longer   # budget, window, last two
+
+
+def test_forward_waits_for_its_copies_past_the_window():
+    """Sixteen cheap ops on 16 MiB tensors: compute runs far ahead of the
+    copies home, so forward must wait for them, or hold every tensor still
+    on its way. PyTorch's allocator (a fresh process, UVM off) says it holds
+    about a window: 256 MiB without the context, at most the window and the
+    last two tensors with it."""
+    p = run_python("""
+        import torch, torch_uvm
+        MiB = 1 << 20
+        x = torch.randn(2048, 2048, device="cuda", requires_grad=True)
+        hooks = torch_uvm.offload_activations(window=32 * MiB)
+
+        def held_after_forward(with_hooks):
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            y = x
+            with hooks if with_hooks else torch.autograd.graph.saved_tensors_hooks(
+                    lambda t: t, lambda t: t):
+                for _ in range(16):
+                    y = torch.nn.functional.gelu(y)
+            torch.cuda.synchronize()
+            held = torch.cuda.memory_allocated() - before
+            y.sum().backward()
+            return held
+        resident = held_after_forward(False)
+        held_after_forward(True)                 # the homes are pinned once
+        offloaded = held_after_forward(True)
+        print("HELD", resident, offloaded, hooks.stats()["waited"])
+    """)
+    assert p.returncode == 0, p.stdout + p.stderr
+    line = next(l for l in p.stdout.splitlines() if l.startswith("HELD "))
+    resident, offloaded, waited = map(int, line.split()[1:])
+    assert resident >= 15 * 16 * MiB, resident
+    assert offloaded <= 32 * MiB + 2 * 16 * MiB, (offloaded, waited)
