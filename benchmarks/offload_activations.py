@@ -350,7 +350,9 @@ def main(argv=None):
     for scenario in scenarios:
         runs = method.interleaved(plan[scenario], args.rounds, lambda v: method.spawn(
             os.path.abspath(__file__), timeout=600, variant=v, scenario=scenario,
-            tiny=int(args.tiny), seqs=args.seqs))
+            tiny=int(args.tiny), seqs=args.seqs),
+            after_round=lambda so_far, done: done < args.rounds and report(   # a cut run keeps
+                so_far, args.out, bool(args.tiny), scenario, seqs))           # its rounds
         report(runs, args.out, bool(args.tiny), scenario, seqs)
     print(f"\n{len(scenarios)} scenarios x {args.rounds} rounds in {time.time() - t0:.0f} s")
 
