@@ -13,7 +13,7 @@ bf16, all trainable, resident on the GPU (the weights are not what this
 measures). A step: forward of batch 1 at the sequence length with the
 causal LM loss (SDPA attention), backward, gradients set to None; no
 optimizer. Two scenarios: `full` (every layer's activations saved) and
-`checkpointed` (HF's activation checkpointing, reentrant, so each layer's
+`checkpointed` (HF's activation checkpointing, reentrant: each layer's
 input is saved through the hooks and the rest recomputed).
 
 Variants, each in a fresh process, interleaved round by round; each runs the
@@ -25,8 +25,8 @@ sequence lengths in ascending order, one warm-up and three timed steps each
   fixed GPU memory): the longest sequence a GPU of that size trains.
 - torch_uvm: torch_uvm.offload_activations() (1 MiB and larger, a 512 MiB
   window), capped.
-- torch_uvm_8GiB: the same with budget=8 GiB: from the second step, the
-  last 8 GiB of saved activations a forward makes stay on the GPU.
+- torch_uvm_8GiB: the same with budget=8 GiB: the last 8 GiB of saved
+  activations a forward makes stay on the GPU.
 - save_on_cpu: torch.autograd.graph.save_on_cpu(pin_memory=True), capped.
 - torchtune: torchtune's OffloadActivations (its defaults: pinned, a copy
   stream, a stash of 5), capped; its file is loaded from the installed

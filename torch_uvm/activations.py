@@ -6,44 +6,47 @@ overlapped with compute.
         loss = model(batch)
     loss.backward()
 
-What leaves: each CUDA tensor autograd saves of at least `min_bytes`, not a
-parameter or other leaf that requires grad, nor a view of one (a weight is
-already where its owner keeps it).
-Where it goes: a home in pinned host memory, from PyTorch's caching host
-allocator, so a step's homes are reused by the next step's.
+What leaves: each plain CUDA tensor autograd saves of at least `min_bytes`,
+dense (no expanded or overlapping strides), not a parameter or other leaf
+that requires grad, nor a view of one (a weight is already where its owner
+keeps it). Where it goes: a home in pinned host memory, from PyTorch's
+caching host allocator, so a step's homes are reused by the next step's.
 
 Forward: after the op that saved it, the tensor is copied home on the send
-stream. Until that copy ends it is held on the GPU (its memory could be
-written again otherwise); at most `window` bytes are held so, and past
-that, compute waits for the oldest copy. A tensor saved twice (the input
-of q, k and v) goes home once.
+stream. Until that copy ends it is held on the GPU; at most `window` bytes
+are held so, and past that, compute waits for the oldest copy. A tensor
+saved twice (the input of q, k and v) goes home once. With a `budget`, the
+latest saved tensors stay on the GPU, up to that many bytes; when a new one
+would pass it, the oldest of them goes home: so the last ones of a forward,
+which backward needs first, stay, whatever the forward's length.
 
-Backward: a tensor still held is used where it is (those are let go when
-backward ends). The others come back on the bring stream, `window` bytes
-ahead of backward, in the reverse of the order forward saved them: when
-backward asks for one, the ones forward saved before it are on their way.
-A tensor brought back is held until its last use in that backward (one use
-a time it was saved); the home stays until autograd frees the graph, so
+Backward: a tensor still on the GPU (held, or kept by the budget) is used
+where it is. The others come back on the bring stream, `window` bytes ahead
+of backward, in the reverse of the order forward saved them: when backward
+asks for one, the ones forward saved before it are on their way. A tensor
+brought back is held until its last use in that backward (one use a time
+it was saved); the home stays until autograd frees the graph, so
 ``retain_graph`` backwards bring it again.
 
-With a `budget`, the last saved tensors of a forward stay, up to that many
-bytes (learnt from the forward before): backward needs them first, and only
-the rest crosses the link.
+A saved tensor changed in place before backward is an error, as without
+hooks (PyTorch stops checking once hooks save tensors: this context checks).
 
-So the activations' GPU memory is at most about two windows (one going,
-one coming), the budget, and what stays anyway (small tensors,
-parameters): a long sequence trains in the memory a short one needs, at the
-link's speed where compute is shorter than the copies
+The activations' GPU memory is then about two windows (one going, one
+coming) and the budget, a tensor or two beyond them, and what stays anyway
+(small tensors, parameters): a long sequence trains in the memory a short
+one needs, at the link's speed where compute is shorter than the copies
 (benchmarks/offload_activations.py).
 
 Not inside a CUDA graph capture or torch.compile's tracing (saved tensors
-stay on the GPU there); one backward at a time per context."""
+stay on the GPU there); one backward at a time per context (a backward
+inside another, as reentrant checkpointing's when backward runs inside the
+context, is right, and brings again what the inner one let go)."""
 from __future__ import annotations
 
 import collections
 import threading
 import weakref
-from typing import Dict, List, Optional
+from typing import Deque, Dict, List, Optional, Tuple
 
 import torch
 
@@ -53,34 +56,44 @@ DEFAULT_MIN_BYTES = 1 << 20
 DEFAULT_WINDOW = 512 << 20
 
 
-class _Saved:
-    """One saved tensor that went home."""
-    __slots__ = ("seq", "nbytes", "device", "home", "sent", "gpu", "brought", "arrived",
-                 "used_in", "uses", "left", "version", "__weakref__")
+def _dead():
+    return None
 
-    def __init__(self, seq: int, t: torch.Tensor, home: torch.Tensor, sent: torch.cuda.Event):
+
+class _Saved:
+    """One saved tensor the context took: on the GPU (`gpu`) until it is
+    sent and its copy home ends, or while the budget keeps it (`home` None)."""
+    __slots__ = ("seq", "nbytes", "device", "home", "sent", "gpu", "source", "version",
+                 "brought", "arrived", "used_in", "uses", "left", "__weakref__")
+
+    def __init__(self, seq: int, t: torch.Tensor):
         self.seq, self.nbytes, self.device = seq, _nbytes(t), t.device
-        self.home, self.sent = home, sent
-        self.gpu: Optional[torch.Tensor] = t            # held until its copy home ends
-        self.brought: Optional[torch.Tensor] = None     # on the GPU again, not yet used
+        self.home: Optional[torch.Tensor] = None        # made when it is sent
+        self.sent: Optional[torch.cuda.Event] = None    # its copy home ended
+        self.gpu: Optional[torch.Tensor] = t            # until its copy home ends
+        self.source = weakref.ref(t)                    # to see a change in place
+        self.version = t._version
+        self.brought: Optional[torch.Tensor] = None     # on the GPU again
         self.arrived: Optional[torch.cuda.Event] = None
         self.used_in = -2                               # the last backward that used it
         self.uses = 1                                   # times saved (deduplicated)
         self.left = 0                                   # uses left in that backward
-        self.version = t._version
-
-
-class _Stayed:
-    """One saved tensor the budget kept on the GPU (a record all the same,
-    so that backward tells the context it ran)."""
-    __slots__ = ("t", "__weakref__")
-
-    def __init__(self, t: torch.Tensor):
-        self.t = t
 
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether `t`'s elements fill its span of memory once each, in some
+    order of its dimensions (no expanded, overlapping or skipped elements):
+    then a copy of the same strides takes its bytes and no more."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _is_weight(t: torch.Tensor) -> bool:
@@ -102,7 +115,7 @@ def _graph_task() -> int:
 
 
 def _pinned_home(t: torch.Tensor) -> torch.Tensor:
-    """A pinned host tensor shaped as `t` (its strides, where dense)."""
+    """A pinned host tensor shaped as `t`, with its strides (`t` is dense)."""
     try:
         return torch.empty_like(t, device="cpu", pin_memory=True)
     except RuntimeError as e:
@@ -115,6 +128,16 @@ def _pinned_home(t: torch.Tensor) -> torch.Tensor:
             f"are saved. ({e})") from e
 
 
+def _check_unchanged(rec: _Saved) -> None:
+    source = rec.source()
+    if source is not None and source._version != rec.version:
+        raise RuntimeError(
+            f"one of the variables needed for gradient computation has been modified by an "
+            f"inplace operation: [{source.type()} {list(source.shape)}] is at version "
+            f"{source._version}; expected version {rec.version} instead "
+            f"(torch_uvm.offload_activations saved it)")
+
+
 class offload_activations(torch.autograd.graph.saved_tensors_hooks):
     """Under this context, saved activations of at least `min_bytes` go to
     pinned host memory during forward and come back, `window` bytes ahead,
@@ -125,11 +148,13 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
     (default 512 MiB); larger overlaps more of the copies with compute,
     smaller holds less.
     `budget`: the bytes of saved activations that may stay on the GPU
-    (default 0: all go). From the second forward on, the last ones forward
-    saves stay, up to `budget` bytes: backward needs them first, so only the
-    rest crosses the link, and its copies overlap compute at both ends. How
-    many bytes a forward saves is learnt from the one before; a longer one
-    keeps `budget` bytes at most all the same."""
+    (default 0: all go): the latest saved stay, and past the budget the
+    oldest of them go home; so a forward's last ones stay, backward needs
+    them first, and only the rest crosses the link."""
+
+    STATS = ("sent", "sent_bytes", "deduplicated", "kept", "kept_bytes", "stayed",
+             "stayed_bytes", "waited", "used_in_place", "brought_ahead", "brought_late",
+             "brought_bytes")
 
     def __init__(self, min_bytes: int = DEFAULT_MIN_BYTES, window: int = DEFAULT_WINDOW,
                  budget: int = 0):
@@ -138,15 +163,14 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
                 raise ValueError(f"torch_uvm.offload_activations: {name} must be an int of "
                                  f"bytes, 0 or more; got {value!r}")
         self.min_bytes, self.window, self.budget = min_bytes, window, budget
-        self._forward_bytes = 0    # offered this forward (since the last backward ended)
-        self._stayed_bytes = 0     # of those, kept on the GPU by the budget
-        self._last_forward_bytes: Optional[int] = None
         self._lock = threading.Lock()
         self._streams: Dict[torch.device, tuple] = {}      # device -> (send, bring)
-        self._order: List["weakref.ref[_Saved]"] = []       # in the order forward saved them
+        self._order: List = []                              # weakrefs, in the order saved
         self._alive_at_prune = 0
         self._recent: Dict[int, tuple] = {}                 # id(tensor) -> (its ref, record's)
-        self._in_flight: "collections.deque[_Saved]" = collections.deque()
+        self._kept: Deque[Tuple["weakref.ref[_Saved]", int]] = collections.deque()  # budget's
+        self._kept_bytes = 0
+        self._in_flight: Deque[_Saved] = collections.deque()
         self._in_flight_bytes = 0
         self._ahead: "weakref.WeakSet[_Saved]" = weakref.WeakSet()   # brought, not yet used
         self._held: "weakref.WeakSet[_Saved]" = weakref.WeakSet()    # brought, uses left
@@ -160,27 +184,26 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         super().__enter__()
         return self
 
-    STATS = ("sent", "sent_bytes", "deduplicated", "kept", "kept_bytes", "stayed",
-             "stayed_bytes", "waited",
-             "used_in_place", "brought_ahead", "brought_late", "brought_bytes")
-
     def stats(self) -> Dict[str, int]:
         """What moved since the context was made: `sent` / `sent_bytes` (saved
-        tensors that went home), `deduplicated` (saved again, sent once),
-        `kept` / `kept_bytes` (saved tensors left on the GPU: small, weights,
-        not CUDA), `stayed` / `stayed_bytes` (large enough to go, kept by the
-        budget), `waited` (forward waited for a copy home: the window was
-        full), `used_in_place` (backward used one still held), `brought_ahead`
-        and `brought_late` (brought back before backward asked, or when it
-        asked) and `brought_bytes`. A tensor saved several times is brought
-        once a backward and held until its last use there."""
+        tensors that went home), `deduplicated` (saved again, taken once),
+        `kept` / `kept_bytes` (saved tensors left as they are: small, not
+        dense, weights, not CUDA), `stayed` / `stayed_bytes` (large enough to
+        go, kept on the GPU by the budget until backward used them),
+        `waited` (forward waited for a copy home: the window was full),
+        `used_in_place` (backward used one still on the GPU, the budget's
+        among them), `brought_ahead` and `brought_late` (brought back
+        before backward asked, or when it asked) and `brought_bytes`. A
+        tensor saved several times is brought once a backward and held until
+        its last use there."""
         return {k: self._stats[k] for k in self.STATS}
 
     # ------------------------------------------------------------ forward
 
     def _keeps(self, t: torch.Tensor) -> bool:
         return (type(t) is not torch.Tensor or not t.is_cuda or _nbytes(t) < self.min_bytes
-                or _is_weight(t) or torch.cuda.is_current_stream_capturing() or _tracing())
+                or not _dense(t) or _is_weight(t)
+                or torch.cuda.is_current_stream_capturing() or _tracing())
 
     def _pack(self, t: torch.Tensor):
         if self._keeps(t):
@@ -190,62 +213,65 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         with self._lock:
             key = id(t)
             hit = self._recent.get(key)
-            if hit is not None and hit[0]() is t:
-                rec = hit[1]()
-                if isinstance(rec, _Stayed) or (rec is not None and rec.version == t._version):
-                    self._stats["deduplicated"] += 1
-                    if isinstance(rec, _Saved):
-                        rec.uses += 1
-                    return rec
-            n = _nbytes(t)
-            self._forward_bytes += n
-            if self._stays(n):
-                self._stayed_bytes += n
-                self._stats["stayed"] += 1
-                self._stats["stayed_bytes"] += n
-                out = _Stayed(t)
-            else:
-                out = self._send(t)
+            rec = hit[1]() if hit is not None and hit[0]() is t else None
+            if rec is not None and rec.version == t._version:
+                self._stats["deduplicated"] += 1
+                rec.uses += 1
+                self._order[rec.seq] = _dead       # backward meets it at its last save
+                self._enter_order(rec)
+                return rec
+            rec = _Saved(0, t)
+            self._enter_order(rec)
             self._recent[key] = (weakref.ref(t, lambda r, k=key, d=self._recent:
                                              d.pop(k) if d.get(k, (None,))[0] is r else None),
-                                 weakref.ref(out))
-            return out
+                                 weakref.ref(rec))
+            if self.budget:
+                self._kept.append((weakref.ref(rec), rec.nbytes))
+                self._kept_bytes += rec.nbytes
+                self._send_past_budget()
+            else:
+                self._send(rec)
+            return rec
 
-    def _stays(self, n: int) -> bool:
-        """Whether a tensor of `n` bytes, the last saved so far, is in the
-        tail of the forward that the budget keeps."""
-        last = self._last_forward_bytes
-        return (self.budget > 0 and last is not None
-                and self._forward_bytes > last - self.budget
-                and self._stayed_bytes + n <= self.budget)
+    def _enter_order(self, rec: _Saved) -> None:
+        self._prune_order()
+        rec.seq = len(self._order)
+        self._order.append(weakref.ref(rec))
+
+    def _send_past_budget(self) -> None:
+        """Sends the oldest of the budget's tensors while they pass it."""
+        while self._kept and self._kept_bytes > self.budget:
+            ref, nbytes = self._kept.popleft()
+            self._kept_bytes -= nbytes
+            rec = ref()
+            if rec is not None and rec.home is None and rec.gpu is not None:
+                self._send(rec)
 
     def _streams_for(self, device: torch.device) -> tuple:
         if device not in self._streams:
             self._streams[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device))
         return self._streams[device]
 
-    def _send(self, t: torch.Tensor) -> _Saved:
+    def _send(self, rec: _Saved) -> None:
+        t = rec.gpu
         send = self._streams_for(t.device)[0]
-        home = _pinned_home(t)
-        send.wait_stream(torch.cuda.current_stream(t.device))           # the op that made it runs first
+        rec.home = _pinned_home(t)
+        send.wait_stream(torch.cuda.current_stream(t.device))   # the op that made it first
         with torch.cuda.stream(send):
-            home.copy_(t, non_blocking=True)
-            sent = torch.cuda.Event()
-            sent.record(send)
-        self._prune_order()
-        rec = _Saved(len(self._order), t, home, sent)
-        self._order.append(weakref.ref(rec))
+            rec.home.copy_(t, non_blocking=True)
+            rec.sent = torch.cuda.Event()
+            rec.sent.record(send)
+        t.record_stream(send)            # whichever stream frees it, not reused before the copy
         self._in_flight.append(rec)
         self._in_flight_bytes += rec.nbytes
         self._stats["sent"] += 1
         self._stats["sent_bytes"] += rec.nbytes
         self._release_sent(keep=self.window)
-        return rec
 
     def _release_sent(self, keep: int) -> None:
         """Lets go of the GPU copies of tensors whose copy home ended; while
         more than `keep` bytes are still held, compute waits for the oldest
-        copy."""
+        copy (record_stream keeps the memory safe; the wait keeps it few)."""
         while self._in_flight:
             rec = self._in_flight[0]
             if not rec.sent.query():
@@ -273,44 +299,64 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
     def _unpack(self, saved):
         if isinstance(saved, torch.Tensor):
             return saved
+        rec: _Saved = saved
+        _check_unchanged(rec)
         with self._lock:
             task = _graph_task()
+            if task < 0:                 # read outside a backward: this one alone
+                return self._one(rec)
             if task != self._task:
                 self._begin_backward(task)
-            if isinstance(saved, _Stayed):
-                return saved.t
-            rec: _Saved = saved
-            compute = torch.cuda.current_stream(rec.device)
-            if rec.used_in != task:
+            first = rec.used_in != task
+            if first:
                 rec.used_in, rec.left = task, rec.uses
             rec.left -= 1
-            if rec.gpu is not None:                      # still on its way home
-                t = rec.gpu
-                self._stats["used_in_place"] += 1
-            else:
-                if rec.brought is None:
-                    self._bring(rec)
-                    self._stats["brought_late"] += 1
-                elif rec in self._ahead:
-                    self._stats["brought_ahead"] += 1
-                    self._ahead.discard(rec)
-                    self._ahead_bytes -= rec.nbytes
-                t = rec.brought
-                if rec.left <= 0:                        # its last use in this backward
-                    rec.brought = None
-                    self._held.discard(rec)
-                compute.wait_event(rec.arrived)
-                t.record_stream(compute)                 # freed by compute, reused after it
+            t = self._one(rec, first)
             self._cursor = min(self._cursor, rec.seq)
             self._bring_ahead(task)
         return t
+
+    def _one(self, rec: _Saved, first: bool = True) -> torch.Tensor:
+        """The tensor of `rec` on the GPU for compute's use now."""
+        compute = torch.cuda.current_stream(rec.device)
+        if rec.gpu is not None:                      # still there: on its way, or kept
+            if first:
+                self._stats["used_in_place"] += 1
+                if rec.home is None:
+                    self._stats["stayed"] += 1
+                    self._stats["stayed_bytes"] += rec.nbytes
+            t = rec.gpu
+            if rec.left <= 0 and rec.home is not None:   # its last use: let it go home
+                self._drop_in_flight(rec)
+            return t
+        if rec.brought is None:
+            self._bring(rec)
+            self._stats["brought_late"] += 1
+        elif rec in self._ahead:
+            self._stats["brought_ahead"] += 1
+            self._ahead.discard(rec)
+            self._ahead_bytes -= rec.nbytes
+        t = rec.brought
+        if rec.left <= 0:                            # its last use in this backward
+            rec.brought = None
+            self._held.discard(rec)
+        compute.wait_event(rec.arrived)
+        t.record_stream(compute)                     # freed by compute, reused after it
+        return t
+
+    def _drop_in_flight(self, rec: _Saved) -> None:
+        try:
+            self._in_flight.remove(rec)
+        except ValueError:
+            return
+        self._in_flight_bytes -= rec.nbytes
+        rec.gpu = None
 
     def _begin_backward(self, task: int) -> None:
         self._task = task
         self._cursor = len(self._order)
         self._ahead_bytes = sum(rec.nbytes for rec in self._ahead)
-        if task >= 0:    # at its end, let go of what it left held
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
 
     def _bring(self, rec: _Saved) -> None:
         bring = self._streams_for(rec.device)[1]
@@ -349,6 +395,3 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
             self._ahead_bytes = 0
             self._task = -2
             self._release_sent(keep=0)        # what forward left on its way home
-            if self._forward_bytes:
-                self._last_forward_bytes = self._forward_bytes
-            self._forward_bytes = self._stayed_bytes = 0

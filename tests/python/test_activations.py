@@ -38,3 +38,11 @@ def test_a_home_that_cannot_be_pinned_names_the_sizes(monkeypatch):
     with pytest.raises(torch.OutOfMemoryError, match=r"cannot pin 4096 bytes .*\(32, 32\), "
                        r"torch.float32.*raise min_bytes"):
         activations._pinned_home(torch.zeros(32, 32))
+
+
+def test_dense_means_each_element_once_in_its_span():
+    dense = [torch.randn(3, 4), torch.randn(4, 3).t(), torch.randn(2, 3, 4).permute(2, 0, 1),
+             torch.randn(1, 5), torch.empty(0, 3)]
+    sparse = [torch.randn(3, 1).expand(3, 4), torch.randn(4, 6)[:, :3], torch.randn(5)[::2]]
+    assert all(activations._dense(t) for t in dense)
+    assert not any(activations._dense(t) for t in sparse)
