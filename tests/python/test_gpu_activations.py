@@ -330,6 +330,8 @@ def test_results_hold_when_the_copies_run_late(uvm):
     want = grads_of(model, x)
     hooks = delayed(uvm, window=2 * MiB)
     model.zero_grad(set_to_none=True)
+    poison = [torch.full((512, 1024), float("nan"), device="cuda") for _ in range(32)]
+    del poison        # the blocks the activations will take hold NaN, not the last run's values
     xg = x.detach().requires_grad_()
     torch.cuda._sleep(200_000_000)                     # forward's kernels queue behind this
     with hooks:
