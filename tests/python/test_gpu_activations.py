@@ -333,12 +333,18 @@ def test_results_hold_when_the_copies_run_late(uvm):
     poison = [torch.full((512, 1024), float("nan"), device="cuda") for _ in range(32)]
     del poison        # the blocks the activations will take hold NaN, not the last run's values
     xg = x.detach().requires_grad_()
-    torch.cuda._sleep(200_000_000)                     # forward's kernels queue behind this
-    with hooks:
-        loss = model(xg).float().square().mean()
-    churn = [torch.randn(512, 1024, device="cuda") for _ in range(16)]   # reuse freed memory
-    loss.backward()
-    del churn
+    # On a stream of its own: the legacy default stream would order the copy
+    # streams after it by itself, and hide a missing wait.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)                 # forward's kernels queue behind this
+        with hooks:
+            loss = model(xg).float().square().mean()
+        churn = [torch.randn(512, 1024, device="cuda") for _ in range(16)]   # reuse memory
+        loss.backward()
+        del churn
+    torch.cuda.current_stream().wait_stream(side)
     got = [loss.detach()] + [p.grad.clone() for p in model.parameters()] + [xg.grad.clone()]
     assert_same(got, want)
     assert hooks.stats()["brought_late"] + hooks.stats()["brought_ahead"] > 0, hooks.stats()
