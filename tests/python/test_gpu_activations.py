@@ -329,13 +329,12 @@ def test_results_hold_when_the_copies_run_late(uvm):
     x = torch.randn(512, 1024, device="cuda")
     want = grads_of(model, x)
     hooks = delayed(uvm, window=2 * MiB)
+    grads_of(model, x, hooks)   # the homes are pinned once: pinning anew waits for the device
     model.zero_grad(set_to_none=True)
     poison = [torch.full((512, 1024), float("nan"), device="cuda") for _ in range(32)]
     del poison        # the blocks the activations will take hold NaN, not the last run's values
     xg = x.detach().requires_grad_()
-    # On a stream of its own: the legacy default stream would order the copy
-    # streams after it by itself, and hide a missing wait.
-    side = torch.cuda.Stream()
+    side = torch.cuda.Stream()                         # compute on a stream of its own
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         torch.cuda._sleep(200_000_000)                 # forward's kernels queue behind this
