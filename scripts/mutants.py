@@ -67,6 +67,7 @@ OFFLOAD = "tests/python/test_gpu_offload.py::"
 ACTIVATIONS = "tests/python/test_gpu_activations.py::"
 PROFILE = "tests/python/test_gpu_profile.py::"
 LOOPS = "tests/python/test_gpu_training_loops.py::"
+CHECKPOINT = "tests/python/test_gpu_checkpoint.py::"
 
 # (name, file, text, replacement, tests that must fail). A test named
 # "core:Suite.Test" is a GoogleTest of the host-runtime build (build/core_tests,
@@ -221,6 +222,27 @@ MUTANTS = [
     ("weights go home as activations", "torch_uvm/activations.py",
      "    base = t._base if t._base is not None else t\n", "    return False\n",
      [ACTIVATIONS + "test_weights_and_small_tensors_stay"]),
+    # weights read from safetensors straight into their homes (issue 35, point 5)
+    ("a checkpoint is read whole into host memory before its homes", "torch_uvm/offload.py",
+     "                        seen = _C.empty_pinned_home(t.detach(), device)\n"
+     "                        _checkpoint.read_into(found[id(t)], _C.fresh_home_on_cpu(seen), handles)\n",
+     "                        whole = handles.setdefault('whole', __import__('safetensors.torch')"
+     ".torch.load_file(found[id(t)].path))\n"
+     "                        seen = _home_for(whole[found[id(t)].name], device)\n",
+     [CHECKPOINT + "test_the_host_holds_the_weights_once_while_their_homes_fill"]),
+    ("a tied tensor read from a checkpoint is read twice, untied", "torch_uvm/offload.py",
+     "                    if id(t) in shared:\n                        continue\n"
+     "                    if t.numel() == 0:",
+     "                    if t.numel() == 0:",
+     [CHECKPOINT + "test_a_meta_model_streams_the_checkpoints_values_and_undo_gives_them_back"]),
+    ("undo puts a meta tensor back without its values", "torch_uvm/offload.py",
+     "            if original.is_meta and id(original) in values:",
+     "            if False:",
+     [CHECKPOINT + "test_a_meta_model_streams_the_checkpoints_values_and_undo_gives_them_back"]),
+    ("managed CPU memory an offload frees stays in the cache", "torch_uvm/offload.py",
+     "    finally:\n        _checkpoint.close(handles)\n        if freed:\n            _C.empty_cache()\n",
+     "    finally:\n        _checkpoint.close(handles)\n",
+     [CHECKPOINT + "test_an_offload_of_managed_cpu_weights_gives_their_memory_back_to_the_host"]),
     ("a dropped offload keeps its share", "torch_uvm/offload.py",
      "weakref.finalize(self, _end_lease, lease)", "weakref.finalize(self, len, [lease])",
      [OFFLOAD + "test_an_offload_dropped_without_undo_gives_back_what_it_held"]),
@@ -446,8 +468,8 @@ MUTANTS = [
      "    return set()",
      ["tests/python/test_offload_memory.py"]),
     ("undo replaces a tensor that kept its memory", "torch_uvm/offload.py",
-     '    return (original.numel() > 0 and not (to_cpu and original.device.type != "cpu")',
-     "    return (False",
+     "    return (original.numel() > 0 and not original.is_meta\n",
+     "    return (False\n",
      [OFFLOAD + "test_undo_writes_back_into_a_tensor_held_elsewhere"]),
     ("undo puts back what fits and fails half-way", "torch_uvm/offload.py",
      "        values = self._values_back(to_cpu)    # may fail: nothing undone yet",

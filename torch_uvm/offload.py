@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from . import _C, offload_training
+from . import checkpoint as _checkpoint
 from .residency import _cuda, _end_lease, _open_lease, _span_bytes, get_residency_limit
 
 
@@ -331,8 +332,9 @@ class Offloaded:
         tensors they were (their values, and whether they require grad,
         included); what was on the GPU went home first, and the share of the
         budget is given back. The tensors that were on the CPU read their
-        values in the homes, pinned host memory, with no copy; those that
-        were on the GPU are copied there (if they do not fit, a
+        values in the homes, pinned host memory, with no copy (those built
+        on the meta device are replaced by CPU tensors over their homes);
+        those that were on the GPU are copied there (if they do not fit, a
         torch.OutOfMemoryError says so and the module stays offloaded).
         Undone already: nothing more."""
         self._undo(to_cpu=False)
@@ -356,7 +358,14 @@ class Offloaded:
         _C.release_cached_slots()             # the slots' device memory goes back
         self._finalizer.detach()
         _end_lease(self._lease)
-        done = set()                          # (a tied tensor is put back once)
+        # One that never had values (on the meta device, its values read from
+        # a checkpoint) cannot take them: a new tensor over its home stands in.
+        standins: Dict[int, torch.Tensor] = {}
+        for (_, _, kind), original in self._originals.items():
+            if original.is_meta and id(original) in values:
+                v = values.pop(id(original))
+                standins[id(original)] = torch.nn.Parameter(v) if kind == "param" else v
+        done = set(standins)                  # (a tied tensor is put back once)
         with torch.no_grad():
             for (owner, name, kind), original in self._originals.items():
                 current = getattr(owner, name)
@@ -365,6 +374,7 @@ class Offloaded:
                 elif id(original) not in done:
                     original.copy_(current)       # it kept its memory: views see it
                 done.add(id(original))
+                original = standins.get(id(original), original)
                 if kind == "param":
                     original.requires_grad_(current.requires_grad)
                     owner._parameters[name] = original
@@ -384,7 +394,8 @@ class Offloaded:
                     if id(original) in values or _kept_memory(original, to_cpu):
                         continue
                     current = getattr(owner, name).detach()
-                    device = torch.device("cpu") if to_cpu else original.device
+                    device = torch.device("cpu") if to_cpu or original.is_meta \
+                        else original.device
                     if device.type == "cpu":
                         values[id(original)] = _on_cpu_without_copy(current)
                     else:
@@ -407,7 +418,8 @@ def _kept_memory(original: torch.Tensor, to_cpu: bool) -> bool:
     allocated. Not when module.cpu() asks for a GPU tensor on the CPU, nor
     where copy_ cannot write (an inference tensor; an expanded one, whose
     elements share memory): those get new memory as emptied ones do."""
-    return (original.numel() > 0 and not (to_cpu and original.device.type != "cpu")
+    return (original.numel() > 0 and not original.is_meta
+            and not (to_cpu and original.device.type != "cpu")
             and not original.is_inference()
             and torch._debug_has_internal_overlap(original) == 0)
 
@@ -459,23 +471,53 @@ def _direct_tensors(module: torch.nn.Module):
             yield name, b, "buffer"
 
 
+# Managed CPU memory the originals free goes to torch_uvm's cache, not back
+# to the host: offload returns it (empty_cache) each time this much is free,
+# so the homes and the weights they replace overlap by at most this.
+RELEASE_EVERY = 1 << 30
+
+
 def _make_replacements(plan, held: set, shared: Dict[int, torch.Tensor],
-                       device: torch.device) -> None:
+                       device: torch.device, found: Dict[int, "_checkpoint.Entry"]) -> None:
     """Phase 1 of offload: each tensor's replacement in `shared`, over a new
-    home; a CPU tensor that only the module holds reads that home from then
-    on, and its own memory goes."""
-    with torch.no_grad():
-        for _, _, own, _ in plan:
-            for _, t, kind in own:
-                if id(t) in shared:
-                    continue
-                # no memory to manage: it just moves
-                seen = t.detach().to(device) if t.numel() == 0 else _home_for(t, device)
-                if t.numel() > 0 and t.device.type == "cpu" and id(t) not in held:
-                    t.data = _C.fresh_home_on_cpu(seen)
-                if kind == "param":
-                    seen = torch.nn.Parameter(seen, requires_grad=t.requires_grad)
-                shared[id(t)] = seen
+    home, its value the tensor's own or, where `found` has an entry for it,
+    the checkpoint's (read straight into the home); a CPU tensor that only
+    the module holds, of the same value, reads that home from then on, and
+    its own memory goes (to the host: managed memory is given back as it
+    frees)."""
+    handles: dict = {}
+    freed = 0
+    try:
+        with torch.no_grad():
+            for _, _, own, _ in plan:
+                for _, t, kind in own:
+                    if id(t) in shared:
+                        continue
+                    if t.numel() == 0:          # no memory to manage: it just moves
+                        seen = torch.empty(t.shape, dtype=t.dtype, device=device) \
+                            if t.is_meta else t.detach().to(device)
+                    elif id(t) in found:
+                        seen = _C.empty_pinned_home(t.detach(), device)
+                        _checkpoint.read_into(found[id(t)], _C.fresh_home_on_cpu(seen), handles)
+                    else:
+                        seen = _home_for(t, device)
+                    # (one the checkpoint gives a value keeps its own until
+                    # phase 2: a failure here must leave the module unchanged)
+                    if t.numel() > 0 and t.device.type == "cpu" and id(t) not in held \
+                            and id(t) not in found:
+                        if _C.is_managed(t):
+                            freed += _span_bytes(t)
+                        t.data = _C.fresh_home_on_cpu(seen)
+                        if freed >= RELEASE_EVERY:
+                            _C.empty_cache()
+                            freed = 0
+                    if kind == "param":
+                        seen = torch.nn.Parameter(seen, requires_grad=t.requires_grad)
+                    shared[id(t)] = seen
+    finally:
+        _checkpoint.close(handles)
+        if freed:
+            _C.empty_cache()
 
 
 def _host_available() -> Optional[int]:
@@ -549,14 +591,15 @@ def _storage_users(t: torch.Tensor) -> int:
 
 
 def _check_host_room(module: torch.nn.Module, tensors: Dict[int, torch.Tensor],
-                     held: set) -> None:
+                     held: set, found: Dict[int, "_checkpoint.Entry"]) -> None:
     """Refuses, before any is pinned, homes the host cannot hold: their bytes
     against the memory available, plus what the module's CPU tensors give
-    back as each moves into its home (not those held elsewhere, nor managed
-    ones, which go to torch_uvm's cache, not back to the host)."""
+    back as each moves into its home (not those held elsewhere, nor those a
+    checkpoint gives values, which give theirs back after; managed ones too,
+    which _make_replacements returns to the host)."""
     need = sum(t.numel() * t.element_size() for t in tensors.values())
     given_back = sum(t.numel() * t.element_size() for i, t in tensors.items()
-                     if i not in held and t.device.type == "cpu" and not _C.is_managed(t))
+                     if i not in held and i not in found and t.device.type == "cpu")
     available = _host_available()
     if available is not None and need > available + given_back:
         raise torch.OutOfMemoryError(
@@ -573,7 +616,7 @@ def _home_for(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
-            ahead: int = 1, mode: str = "auto") -> Offloaded:
+            ahead: int = 1, mode: str = "auto", checkpoint=None) -> Offloaded:
     """Run `module` on `device` with at most `budget` bytes of its weights
     in GPU memory (default: the device's residency limit).
 
@@ -606,6 +649,14 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     (:func:`faster_mode`: in place reads at about 0.9 of the link's speed,
     prefetch's window takes budget), chosen after that forward, which reads
     in place; else prefetch.
+
+    `checkpoint`: safetensors weights (a file, a list of files, or a folder
+    such as a Hugging Face model's) read straight into the homes: the
+    module's tensors named in it take its values, and the module may be
+    built without weights (on the meta device, or under accelerate's
+    ``init_empty_weights``), so the host never holds the weights twice
+    (checkpoint.py). Every tensor on the meta device must be in it; names
+    and shapes are checked before anything is read.
     Returns a handle whose ``undo()`` puts the module back."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"offload expects a torch.nn.Module, got {type(module).__name__}")
@@ -635,15 +686,19 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     if budget > _C.memory_cap():
         raise ValueError(f"a budget of {budget} bytes is above the managed memory cap "
                          f"({_C.memory_cap()} bytes)")
-    meta = [f"{name}.{tname}" if name else tname for name, m in module.named_modules()
-            for tname, t, _ in _direct_tensors(m) if t.is_meta]
-    if meta:
-        raise ValueError(f"torch_uvm: offload needs the weights' values, and {', '.join(meta[:3])}"
-                         f"{' ...' if len(meta) > 3 else ''} are on the meta device. Load them "
-                         f"first (load_state_dict(..., assign=True) or to_empty + load)")
     plan = offload_plan(module)
     if not plan:
         raise ValueError("torch_uvm: the module has no parameters or buffers to offload")
+    tensors = {id(t): t for _, _, own, _ in plan for _, t, _ in own}   # tied ones once
+    found = {} if checkpoint is None else _checkpoint.match(
+        _checkpoint.read_checkpoint(checkpoint), _checkpoint.names_by_tensor(module), tensors)
+    meta = [f"{name}.{tname}" if name else tname for name, m in module.named_modules()
+            for tname, t, _ in _direct_tensors(m) if t.is_meta and id(t) not in found]
+    if meta:
+        raise ValueError(f"torch_uvm: offload needs the weights' values, and {', '.join(meta[:3])}"
+                         f"{' ...' if len(meta) > 3 else ''} are on the meta device. Load them "
+                         f"first (load_state_dict(..., assign=True) or to_empty + load), or "
+                         f"pass their safetensors files as checkpoint=")
     largest = max(plan, key=lambda p: p[3])
     window = window_bytes("prefetch", False, ahead, largest[3])
     if budget < window and mode != "in_place":
@@ -651,9 +706,8 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
                          f"'{largest[0]}' ({largest[3]} bytes): it needs at least {window} "
                          f"bytes (ahead + 1 = {ahead + 1} of the largest submodule). Raise "
                          f"the budget, lower ahead, or read it in place (mode='in_place')")
-    tensors = {id(t): t for _, _, own, _ in plan for _, t, _ in own}   # tied ones once
     held = held_elsewhere(tensors, plan)
-    _check_host_room(module, tensors, held)
+    _check_host_room(module, tensors, held, found)
     # Its own share of the GPU, or a clear refusal (nothing changed yet).
     lease = _open_lease(device, budget, type(module).__name__)
     # Phase 1 makes every replacement and changes nothing the module's
@@ -662,7 +716,7 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     # on, and its own memory goes: the host never holds the weights twice.
     shared: Dict[int, torch.Tensor] = {}     # id(tensor) -> its replacement: tied stay tied
     try:
-        _make_replacements(plan, held, shared, device)
+        _make_replacements(plan, held, shared, device, found)
     except BaseException:
         _end_lease(lease)
         raise

@@ -86,6 +86,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pinned_home", [](const at::Tensor& t, const py::object& device) {
     return pinned_home_copy(t, with_index(device.cast<c10::Device>()));
   });
+  m.def("empty_pinned_home", [](const at::Tensor& like, const py::object& device) {
+    return pinned_home_empty(like, with_index(device.cast<c10::Device>()));
+  });
   m.def("home_on_cpu", &home_on_cpu);
   m.def("fresh_home_on_cpu", &fresh_home_on_cpu);
   m.def("release_cached_slots", &release_cached_slots);

@@ -31,12 +31,17 @@ c10::Storage make_pinned_home(std::size_t bytes, c10::Device device) {
 
 bool is_pinned_home(const c10::DataPtr& memory) { return memory.get_deleter() == &free_home; }
 
-at::Tensor pinned_home_copy(const at::Tensor& t, c10::Device device) {
-  const auto nbytes = static_cast<std::size_t>(t.numel()) * t.element_size();
+at::Tensor pinned_home_empty(const at::Tensor& like, c10::Device device) {
+  const auto nbytes = static_cast<std::size_t>(like.numel()) * like.element_size();
   c10::Storage home = make_pinned_home(nbytes, device);
+  return at::empty({0}, like.options().device(device)).set_(home, 0, like.sizes());
+}
+
+at::Tensor pinned_home_copy(const at::Tensor& t, c10::Device device) {
+  at::Tensor home = pinned_home_empty(t, device);
   // filled on the CPU: the home is host memory
-  at::from_blob(home.mutable_data(), t.sizes(), t.options().device(c10::kCPU)).copy_(t.cpu());
-  return at::empty({0}, t.options().device(device)).set_(home, 0, t.sizes());
+  at::from_blob(home.data_ptr(), t.sizes(), t.options().device(c10::kCPU)).copy_(t.cpu());
+  return home;
 }
 
 at::Tensor fresh_home_on_cpu(const at::Tensor& home) {

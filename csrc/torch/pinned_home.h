@@ -20,6 +20,11 @@ c10::Storage make_pinned_home(std::size_t bytes, c10::Device device);
 // Whether `memory` is a home make_pinned_home made.
 bool is_pinned_home(const c10::DataPtr& memory);
 
+// A new home of `like`'s sizes and dtype (any device, a meta tensor's
+// included), uninitialized, as a contiguous CUDA tensor on `device` owning
+// all of it: a checkpoint's bytes are read straight into it.
+at::Tensor pinned_home_empty(const at::Tensor& like, c10::Device device);
+
 // `t`'s value (any device; contiguous) in a new home, as a CUDA tensor on
 // `device` owning all of it. Waits for the copy.
 at::Tensor pinned_home_copy(const at::Tensor& t, c10::Device device);

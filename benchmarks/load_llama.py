@@ -1,0 +1,221 @@
+"""From safetensors files to the first token (issue 35, points 1 and 5): a
+Llama-architecture 7B saved as a Hugging Face model folder, loaded the ways
+users load it, to generate under a 4 GiB budget: how long until the first
+token, and what the host and the GPU hold on the way.
+
+    python benchmarks/load_llama.py [--rounds 1] [--variants a,b] [--tiny] [--out DIR]
+
+The model: offload_llama's 7B (13.48 GB of random bf16 weights), saved once
+by save_pretrained in 5 GB shards to LOAD_LLAMA_DIR (default
+/tmp/torch_uvm_llama7b; the first variant writes it if absent). Every load
+then reads the files from the page cache (the host has room for them): a
+warm read, the fastest a load can be.
+
+Variants, each in a fresh process, interleaved round by round:
+- checkpoint: writes the folder if it is not there (timed, not compared).
+- pinned_rate: 1 GiB pinned copies, the link's rate for this round.
+- resident: from_pretrained(..., device_map="cuda"): all on the GPU.
+- hf_then_torch_uvm: from_pretrained to the CPU, then torch_uvm.offload
+  (budget 4 GiB): the weights are in host memory before their homes.
+- torch_uvm_checkpoint: the model made under accelerate's
+  init_empty_weights, then torch_uvm.offload(..., checkpoint=folder): each
+  tensor read from the files straight into its pinned home.
+- accelerate: from_pretrained(..., device_map=...) with offload_llama's
+  accelerate map for 4 GiB (embeddings, norm and head on the GPU, the
+  decoder layers that fit beside them, the rest "cpu").
+
+Each: the load (the call that makes the model, and the offload, timed
+together), then a 1-token generate (batch 1, 32-token prompt): the load and
+the first token are what a user waits for. Then one 16-token generate,
+whose tokens are compared with resident's. Beside each: the host's peak
+resident memory from after CUDA's start (VmHWM less VmRSS then: what
+`top` shows, file pages mapped from the page cache included) and the
+process's GPU memory (mem_get_info, sampled).
+
+The link limit for the first token: all W bytes cross to the GPU at least
+once before it, W / the round's pinned rate (0.25 s at 55 GB/s); reading
+W from the page cache comes on top.
+
+--tiny saves offload_llama's tiny Llama, for a smoke test in seconds.
+Writes load_llama.json, load_llama.png and prints a table."""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import method  # noqa: E402
+from method import gib_cell  # noqa: E402
+import offload_llama  # noqa: E402
+
+GiB = 1 << 30
+BUDGET_GIB = 4
+VARIANTS = ["checkpoint", "pinned_rate", "resident", "hf_then_torch_uvm",
+            "torch_uvm_checkpoint", "accelerate"]
+LOADS = VARIANTS[2:]
+
+
+def folder(tiny: bool) -> str:
+    return os.environ.get("LOAD_LLAMA_DIR", "/tmp/torch_uvm_llama7b") + ("_tiny" if tiny else "")
+
+
+def status(field: str) -> int:
+    """The kernel's count of this process's memory, bytes (/proc/self/status)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+def write_checkpoint(tiny: bool) -> dict:
+    path = folder(tiny)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return {"written": False, "path": path}
+    t0 = time.perf_counter()
+    model = offload_llama.build(tiny)
+    built = time.perf_counter() - t0
+    model.save_pretrained(path + ".part", max_shard_size="5GB", safe_serialization=True)
+    os.rename(path + ".part", path)
+    return {"written": True, "path": path, "build_s": built,
+            "write_s": time.perf_counter() - t0 - built,
+            "bytes": sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))}
+
+
+def load(variant: str, path: str, budget: int):
+    """The model, placed as `variant` places it; returns (model, handle)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    if variant == "resident":
+        return AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16,
+                                                    device_map="cuda"), None
+    if variant == "hf_then_torch_uvm":
+        import torch_uvm
+        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16)
+        return model, torch_uvm.offload(model, budget=budget, device="cuda", mode="auto")
+    from accelerate import init_empty_weights
+    with init_empty_weights():
+        empty = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path),
+                                                 torch_dtype=torch.bfloat16)
+    if variant == "torch_uvm_checkpoint":
+        import torch_uvm
+        return empty, torch_uvm.offload(empty, budget=budget, device="cuda", mode="auto",
+                                        checkpoint=path)
+    device_map, _, _ = offload_llama.accelerate_map(empty, budget)
+    del empty
+    return AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16,
+                                                device_map=device_map), None
+
+
+def run_variant(variant: str, tiny: bool) -> dict:
+    if variant == "checkpoint":
+        return write_checkpoint(tiny)
+    if variant == "pinned_rate":
+        return method.pinned_rate()
+    import torch
+    path = folder(tiny)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise RuntimeError(f"no checkpoint in {path}: run the checkpoint variant first "
+                           "(--variants checkpoint,...)")
+    budget = offload_llama.budget_bytes(BUDGET_GIB, tiny)
+    if variant != "resident":
+        import torch_uvm  # noqa: F401  (imported before CUDA starts, as users do)
+    gpu = offload_llama.GpuMemory()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")                        # VmHWM from here
+    host_base = status("VmRSS")
+    gpu.start("run")
+    t0 = time.perf_counter()
+    model, handle = load(variant, path, budget)
+    torch.cuda.synchronize()
+    load_s = time.perf_counter() - t0
+    ids = torch.randint(0, model.config.vocab_size, (1, offload_llama.PROMPT),
+                        generator=torch.Generator().manual_seed(offload_llama.PROMPT_SEED)).cuda()
+    t0 = time.perf_counter()
+    offload_llama.generate(model, ids, 1)
+    torch.cuda.synchronize()
+    first_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    tokens = offload_llama.generate(model, ids, offload_llama.NEW_TOKENS)
+    torch.cuda.synchronize()
+    out = {"load_s": load_s, "first_token_s": first_s,
+           "to_first_token_s": load_s + first_s,
+           "tokens_per_s": offload_llama.NEW_TOKENS / (time.perf_counter() - t0),
+           "tokens": tokens[0, offload_llama.PROMPT:].tolist(),
+           "host_base_bytes": host_base, "host_peak_bytes": status("VmHWM") - host_base,
+           "host_after_bytes": status("VmRSS") - host_base,
+           "gpu_peak_bytes": gpu.peak("run"),
+           "weights_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+           "budget_bytes": budget}
+    gpu.stop()
+    if handle is not None:
+        out["mode"] = handle.mode
+    return out
+
+
+def report(runs: dict, out_dir: str, tiny: bool = False) -> dict:
+    rates = [r["h2d_gbps"] if r else None for r in runs.get("pinned_rate", [])]
+    resident = [r["to_first_token_s"] if r else None for r in runs.get("resident", [])]
+    ref = next((r["tokens"] for r in runs.get("resident", []) if r), None)
+    weights = next((r["weights_bytes"] for v in LOADS for r in runs.get(v, []) if r), None)
+    limit = [weights / (g * 1e9) if g and weights else None for g in rates]
+    print(f"\n## From safetensors to the first token, {'tiny' if tiny else '7B'} bf16, "
+          f"{BUDGET_GIB} GiB budgets\n")
+    print(f"Pinned H2D: {', '.join(f'{g:.1f}' for g in rates if g)} GB/s; the link limit "
+          f"(W / rate): {', '.join(f'{x:.3f}' for x in limit if x)} s\n")
+    print("| variant | load, s | first token, s | to first token, s | × resident's | host peak, GiB "
+          "| host after, GiB | process GPU memory, GiB | tokens = resident's |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    compared, tables = {}, {}
+    for v in LOADS:
+        ok = [r for r in runs.get(v, []) if r]
+        if not ok:
+            print(f"| {v} | failed | | | | | | | |")
+            continue
+        row = {k: method.summarize([r[k] for r in ok]) for k in
+               ("load_s", "first_token_s", "to_first_token_s")}
+        row.update({k: max(r[k] for r in ok) for k in
+                    ("host_peak_bytes", "host_after_bytes", "gpu_peak_bytes")})
+        row["same_tokens"] = all(r["tokens"] == ref for r in ok) if ref else None
+        tables[v] = row
+        x = method.ratio([r["to_first_token_s"] if r else None for r in runs[v]], resident)
+        if x and v != "resident":
+            compared[f"{v}: time to the first token / resident's"] = x
+        print(f"| {v} | {row['load_s']['median']:.1f} | {row['first_token_s']['median']:.2f} | "
+              f"{row['to_first_token_s']['median']:.1f} | "
+              f"{'—' if not x or v == 'resident' else format(x['median'], '.2f')} | "
+              f"{gib_cell(row['host_peak_bytes'])} | {gib_cell(row['host_after_bytes'])} | "
+              f"{gib_cell(row['gpu_peak_bytes'])} | {row['same_tokens']} |")
+    for anchor in ("hf_then_torch_uvm", "accelerate"):
+        mine = [r["to_first_token_s"] if r else None for r in runs.get("torch_uvm_checkpoint", [])]
+        theirs = [r["to_first_token_s"] if r else None for r in runs.get(anchor, [])]
+        compared[f"torch_uvm_checkpoint: time to the first token / {anchor}'s"] = \
+            method.ratio(mine, theirs)
+    method.print_comparisons(compared)
+    os.makedirs(out_dir, exist_ok=True)
+    stem = "load_llama" + ("_tiny" if tiny else "")
+    method.write(os.path.join(out_dir, stem + ".json"), compared, runs=runs, tables=tables,
+                 tiny=tiny, budget_gib=BUDGET_GIB, link_limit_s=limit)
+    plot(tables, os.path.join(out_dir, stem + ".png"))
+    return compared
+
+
+def plot(tables: dict, path: str) -> None:
+    """Time to the first token against the host's peak memory, a point per
+    variant, the GPU memory in its label."""
+    plt = method.pyplot()
+    if plt is None or not tables:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for v, row in tables.items():
+        t = row["to_first_token_s"]
+        ax.errorbar([row["host_peak_bytes"] / GiB], [t["median"]],
+                    yerr=[[t["median"] - t["min"]], [t["max"] - t["median"]]], marker="o",
+                    capsize=3, label=f"{v} (GPU {row['gpu_peak_bytes'] / GiB:.1f} GiB)")
+    ax.set_xlabel("host peak resident memory, GiB (VmHWM)")
+    ax.set_ylabel("load + first token, s")
+    ax.legend(fontsize=7)
+    ax.set_title("From safetensors files to the first token")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    method.process_driver(__file__, __doc__.splitlines()[0], VARIANTS, [], run_variant, report,
+                          rounds=1, only="", timeout=600)
