@@ -79,50 +79,94 @@ def write_checkpoint(tiny: bool) -> dict:
 
 
 def load(variant: str, path: str, budget: int):
-    """The model, placed as `variant` places it; returns (model, handle)."""
+    """The model, placed as `variant` places it; returns (model, offload
+    handle or None, the seconds of each part: making the model, offload)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+    parts, t0 = {}, time.perf_counter()
     if variant == "resident":
         return AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16,
-                                                    device_map="cuda"), None
+                                                    device_map="cuda"), None, parts
+    import torch_uvm
     if variant == "hf_then_torch_uvm":
-        import torch_uvm
         model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16)
-        return model, torch_uvm.offload(model, budget=budget, device="cuda", mode="auto")
-    from accelerate import init_empty_weights
-    with init_empty_weights():
-        empty = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path),
-                                                 torch_dtype=torch.bfloat16)
-    if variant == "torch_uvm_checkpoint":
-        import torch_uvm
-        return empty, torch_uvm.offload(empty, budget=budget, device="cuda", mode="auto",
-                                        checkpoint=path)
-    device_map, _, _ = offload_llama.accelerate_map(empty, budget)
-    del empty
-    return AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16,
-                                                device_map=device_map), None
+        found = None
+    else:
+        from accelerate import init_empty_weights
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path),
+                                                     torch_dtype=torch.bfloat16)
+        found = path
+    parts["model_s"] = time.perf_counter() - t0
+    if variant == "accelerate":
+        device_map, _, _ = offload_llama.accelerate_map(model, budget)
+        del model
+        return AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16,
+                                                    device_map=device_map), None, parts
+    t0 = time.perf_counter()
+    handle = torch_uvm.offload(model, budget=budget, device="cuda", mode="auto", checkpoint=found)
+    parts["offload_s"] = time.perf_counter() - t0
+    return model, handle, parts
+
+
+def host_rates(tiny: bool, total: int = 4 * GiB, piece: int = 256 << 20) -> dict:
+    """What bounds a load into pinned homes, measured now: pinning (homes of
+    `piece` bytes made by torch_uvm, `total` in all, freed after) and reading
+    the checkpoint's files from the page cache into pinned memory, each on one
+    thread and on READERS threads (GB/s)."""
+    import concurrent.futures
+    import torch
+    import torch_uvm
+    from torch_uvm import checkpoint
+    like = torch.empty(piece, dtype=torch.uint8, device="meta")
+    out = {}
+    for threads in (1, checkpoint.READERS):
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            t0 = time.perf_counter()
+            homes = list(pool.map(lambda _: torch_uvm._C.empty_pinned_home(like, "cuda"),
+                                  range(total // piece)))
+            out[f"pin_gbps_{threads}"] = total / (time.perf_counter() - t0) / 1e9
+            del homes
+    if not os.path.isdir(folder(tiny)):
+        return out
+    files = [os.path.join(folder(tiny), f) for f in sorted(os.listdir(folder(tiny)))
+             if f.endswith(".safetensors")]
+    buffers = [torch.empty(checkpoint.CHUNK, dtype=torch.uint8, pin_memory=True)
+               for _ in range(checkpoint.READERS)]
+    chunks = [(f, o) for f in files for o in range(0, os.path.getsize(f), checkpoint.CHUNK)]
+    for threads in (1, checkpoint.READERS):
+        handles = {f: os.open(f, os.O_RDONLY) for f in files}
+
+        def read(i):
+            buf = memoryview(checkpoint._bytes_of(buffers[i % threads])).cast("B")
+            return sum(os.preadv(handles[f], [buf], o) for f, o in chunks[i::threads])
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            t0 = time.perf_counter()
+            nbytes = sum(pool.map(read, range(threads)))
+            out[f"read_gbps_{threads}"] = nbytes / (time.perf_counter() - t0) / 1e9
+        for fd in handles.values():
+            os.close(fd)
+    return out
 
 
 def run_variant(variant: str, tiny: bool) -> dict:
     if variant == "checkpoint":
         return write_checkpoint(tiny)
     if variant == "pinned_rate":
-        return method.pinned_rate()
+        return {**method.pinned_rate(), **host_rates(tiny)}
     import torch
     path = folder(tiny)
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise RuntimeError(f"no checkpoint in {path}: run the checkpoint variant first "
                            "(--variants checkpoint,...)")
     budget = offload_llama.budget_bytes(BUDGET_GIB, tiny)
-    if variant != "resident":
-        import torch_uvm  # noqa: F401  (imported before CUDA starts, as users do)
     gpu = offload_llama.GpuMemory()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")                        # VmHWM from here
     host_base = status("VmRSS")
     gpu.start("run")
     t0 = time.perf_counter()
-    model, handle = load(variant, path, budget)
+    model, handle, parts = load(variant, path, budget)
     torch.cuda.synchronize()
     load_s = time.perf_counter() - t0
     ids = torch.randint(0, model.config.vocab_size, (1, offload_llama.PROMPT),
@@ -134,7 +178,7 @@ def run_variant(variant: str, tiny: bool) -> dict:
     t0 = time.perf_counter()
     tokens = offload_llama.generate(model, ids, offload_llama.NEW_TOKENS)
     torch.cuda.synchronize()
-    out = {"load_s": load_s, "first_token_s": first_s,
+    out = {"load_s": load_s, "load_parts_s": parts, "first_token_s": first_s,
            "to_first_token_s": load_s + first_s,
            "tokens_per_s": offload_llama.NEW_TOKENS / (time.perf_counter() - t0),
            "tokens": tokens[0, offload_llama.PROMPT:].tolist(),
@@ -158,18 +202,28 @@ def report(runs: dict, out_dir: str, tiny: bool = False) -> dict:
     print(f"\n## From safetensors to the first token, {'tiny' if tiny else '7B'} bf16, "
           f"{BUDGET_GIB} GiB budgets\n")
     print(f"Pinned H2D: {', '.join(f'{g:.1f}' for g in rates if g)} GB/s; the link limit "
-          f"(W / rate): {', '.join(f'{x:.3f}' for x in limit if x)} s\n")
-    print("| variant | load, s | first token, s | to first token, s | × resident's | host peak, GiB "
+          f"(W / rate): {', '.join(f'{x:.3f}' for x in limit if x)} s")
+    for r in runs.get("pinned_rate", []):
+        if r and "pin_gbps_1" in r:
+            print(f"Host: pinning {r['pin_gbps_1']:.1f} GB/s on one thread, "
+                  f"{r['pin_gbps_4']:.1f} on four; reading the files from the page cache "
+                  f"{r.get('read_gbps_1', 0):.1f} / {r.get('read_gbps_4', 0):.1f} GB/s; "
+                  f"W at the pinning rate: {weights / (r['pin_gbps_1'] * 1e9):.1f} s"
+                  if weights else "")
+    print()
+    print("| variant | load, s | of which offload, s | first token, s | to first token, s | × resident's | host peak, GiB "
           "| host after, GiB | process GPU memory, GiB | tokens = resident's |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     compared, tables = {}, {}
     for v in LOADS:
         ok = [r for r in runs.get(v, []) if r]
         if not ok:
-            print(f"| {v} | failed | | | | | | | |")
+            print(f"| {v} | failed | | | | | | | | |")
             continue
         row = {k: method.summarize([r[k] for r in ok]) for k in
                ("load_s", "first_token_s", "to_first_token_s")}
+        row["offload_s"] = method.summarize([r["load_parts_s"]["offload_s"] for r in ok
+                                             if "offload_s" in r.get("load_parts_s", {})])
         row.update({k: max(r[k] for r in ok) for k in
                     ("host_peak_bytes", "host_after_bytes", "gpu_peak_bytes")})
         row["same_tokens"] = all(r["tokens"] == ref for r in ok) if ref else None
@@ -177,7 +231,8 @@ def report(runs: dict, out_dir: str, tiny: bool = False) -> dict:
         x = method.ratio([r["to_first_token_s"] if r else None for r in runs[v]], resident)
         if x and v != "resident":
             compared[f"{v}: time to the first token / resident's"] = x
-        print(f"| {v} | {row['load_s']['median']:.1f} | {row['first_token_s']['median']:.2f} | "
+        print(f"| {v} | {row['load_s']['median']:.1f} | {method.median_cell(row['offload_s'], '.1f')} | "
+              f"{row['first_token_s']['median']:.2f} | "
               f"{row['to_first_token_s']['median']:.1f} | "
               f"{'—' if not x or v == 'resident' else format(x['median'], '.2f')} | "
               f"{gib_cell(row['host_peak_bytes'])} | {gib_cell(row['host_after_bytes'])} | "

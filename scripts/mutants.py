@@ -225,9 +225,9 @@ MUTANTS = [
     # weights read from safetensors straight into their homes (issue 35, point 5)
     ("a checkpoint is read whole into host memory before its homes", "torch_uvm/offload.py",
      "                        seen = _C.empty_pinned_home(t.detach(), device)\n"
-     "                        _checkpoint.read_into(found[id(t)], _C.fresh_home_on_cpu(seen), handles)\n",
-     "                        whole = handles.setdefault('whole', __import__('safetensors.torch')"
-     ".torch.load_file(found[id(t)].path))\n"
+     "                        reader.submit(found[id(t)], _C.fresh_home_on_cpu(seen))\n",
+     "                        whole = reader.__dict__.setdefault('whole', __import__("
+     "'safetensors.torch').torch.load_file(found[id(t)].path))\n"
      "                        seen = _home_for(whole[found[id(t)].name], device)\n",
      [CHECKPOINT + "test_the_host_holds_the_weights_once_while_their_homes_fill"]),
     ("undo puts a meta tensor back without its values", "torch_uvm/offload.py",
@@ -235,8 +235,7 @@ MUTANTS = [
      "            if False:",
      [CHECKPOINT + "test_a_meta_model_streams_the_checkpoints_values_and_undo_gives_them_back"]),
     ("managed CPU memory an offload frees stays in the cache", "torch_uvm/offload.py",
-     "    finally:\n        _checkpoint.close(handles)\n        if freed:\n            _C.empty_cache()\n",
-     "    finally:\n        _checkpoint.close(handles)\n",
+     "        if freed:\n            _C.empty_cache()\n", "",
      [CHECKPOINT + "test_an_offload_of_managed_cpu_weights_gives_their_memory_back_to_the_host"]),
     ("a dropped offload keeps its share", "torch_uvm/offload.py",
      "weakref.finalize(self, _end_lease, lease)", "weakref.finalize(self, len, [lease])",

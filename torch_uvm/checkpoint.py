@@ -14,6 +14,7 @@ buffer (the home) needs the byte ranges, so the header is read here and the
 library is the tests' reference."""
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import json
 import os
@@ -31,6 +32,7 @@ DTYPES = {
 }
 HEADER_MAX = 100 << 20        # the format's own limit on the header's size
 CHUNK = 64 << 20              # bytes read a call
+READERS = 4                   # threads reading while the next homes are pinned
 
 
 
@@ -165,15 +167,20 @@ def _bytes_of(t: torch.Tensor):
     return (ctypes.c_char * (t.numel() * t.element_size())).from_address(t.data_ptr())
 
 
-def read_into(entry: Entry, out: torch.Tensor, handles: Optional[dict] = None) -> None:
+def read_into(entry: Entry, out: torch.Tensor, files: Optional[dict] = None) -> None:
     """The entry's value into `out`, a contiguous CPU tensor of its shape:
     its bytes read straight into it where the dtypes agree, else read and
-    cast. `handles`: open files by path, kept between calls."""
-    if handles is None:
-        handles = {}
-    f = handles.get(entry.path)
-    if f is None:
-        f = handles[entry.path] = open(entry.path, "rb", buffering=0)
+    cast. `files`: open files by path, kept between calls (else the file is
+    opened for this read alone)."""
+    if files is None:
+        with open(entry.path, "rb", buffering=0) as f:
+            return _read(entry, out, f)
+    if entry.path not in files:
+        files[entry.path] = open(entry.path, "rb", buffering=0)
+    _read(entry, out, files[entry.path])
+
+
+def _read(entry: Entry, out: torch.Tensor, f) -> None:
     into = out if out.dtype == entry.dtype else torch.empty(entry.shape, dtype=entry.dtype)
     if entry.nbytes:
         view = memoryview(_bytes_of(into)).cast("B")
@@ -192,6 +199,32 @@ def close(handles: dict) -> None:
     for f in handles.values():
         f.close()
     handles.clear()
+
+
+class Reader:
+    """Reads entries into given tensors on READERS threads (a read releases
+    the GIL), so that reading overlaps the pinning of the next homes.
+    `close()` waits for every read (call it before the memory read into is
+    freed, an error's path included) and raises the first that failed."""
+
+    def __init__(self, threads: int = READERS):
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, "torch_uvm-read")
+        self._files: dict = {}
+        self._pending: list = []
+
+    def submit(self, entry: Entry, out: torch.Tensor) -> None:
+        if entry.path not in self._files:          # opened here: the threads only read
+            self._files[entry.path] = open(entry.path, "rb", buffering=0)
+        self._pending.append(self._pool.submit(read_into, entry, out, self._files))
+
+    def close(self) -> None:
+        try:
+            for done in self._pending:
+                done.result()
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pending.clear()
+            close(self._files)
 
 
 def names_by_tensor(module: torch.nn.Module) -> Dict[int, List[str]]:

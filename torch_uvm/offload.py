@@ -481,11 +481,12 @@ def _make_replacements(plan, held: set, shared: Dict[int, torch.Tensor],
                        device: torch.device, found: Dict[int, "_checkpoint.Entry"]) -> None:
     """Phase 1 of offload: each tensor's replacement in `shared`, over a new
     home, its value the tensor's own or, where `found` has an entry for it,
-    the checkpoint's (read straight into the home); a CPU tensor that only
+    the checkpoint's (read straight into the home, on reader threads while
+    the next homes are pinned); a CPU tensor that only
     the module holds, of the same value, reads that home from then on, and
     its own memory goes (to the host: managed memory is given back as it
     frees)."""
-    handles: dict = {}
+    reader = _checkpoint.Reader() if found else None
     freed = 0
     try:
         with torch.no_grad():
@@ -498,7 +499,7 @@ def _make_replacements(plan, held: set, shared: Dict[int, torch.Tensor],
                             if t.is_meta else t.detach().to(device)
                     elif id(t) in found:
                         seen = _C.empty_pinned_home(t.detach(), device)
-                        _checkpoint.read_into(found[id(t)], _C.fresh_home_on_cpu(seen), handles)
+                        reader.submit(found[id(t)], _C.fresh_home_on_cpu(seen))
                     else:
                         seen = _home_for(t, device)
                     # (one the checkpoint gives a value keeps its own until
@@ -515,7 +516,8 @@ def _make_replacements(plan, held: set, shared: Dict[int, torch.Tensor],
                         seen = torch.nn.Parameter(seen, requires_grad=t.requires_grad)
                     shared[id(t)] = seen
     finally:
-        _checkpoint.close(handles)
+        if reader is not None:
+            reader.close()                      # every read done before a home may go
         if freed:
             _C.empty_cache()
 

@@ -18,7 +18,8 @@ GiB = 1 << 30
 
 
 def _run(load, first, host, tokens=(1, 2, 3)):
-    return {"load_s": load, "first_token_s": first, "to_first_token_s": load + first,
+    return {"load_s": load, "load_parts_s": {"model_s": 0.5, "offload_s": load - 1.0},
+            "first_token_s": first, "to_first_token_s": load + first,
             "tokens_per_s": 5.0, "tokens": list(tokens), "host_base_bytes": GiB,
             "host_peak_bytes": host, "host_after_bytes": host / 2, "gpu_peak_bytes": 4 * GiB,
             "weights_bytes": 10 * GiB, "budget_bytes": 4 * GiB}
@@ -27,7 +28,9 @@ def _run(load, first, host, tokens=(1, 2, 3)):
 def test_the_report_pairs_rounds_and_checks_tokens(tmp_path, capsys):
     runs = {
         "checkpoint": [{"written": True}, {"written": False}],
-        "pinned_rate": [{"h2d_gbps": 50.0, "d2h_gbps": 50.0}, {"h2d_gbps": 40.0, "d2h_gbps": 40.0}],
+        "pinned_rate": [{"h2d_gbps": 50.0, "d2h_gbps": 50.0, "pin_gbps_1": 2.0, "pin_gbps_4": 3.0,
+                         "read_gbps_1": 6.0, "read_gbps_4": 12.0},
+                        {"h2d_gbps": 40.0, "d2h_gbps": 40.0}],
         "resident": [_run(4.0, 1.0, GiB), _run(5.0, 1.0, GiB)],
         "hf_then_torch_uvm": [_run(9.0, 1.0, 20 * GiB), _run(11.0, 1.0, 21 * GiB)],
         "torch_uvm_checkpoint": [_run(6.0, 1.5, 11 * GiB), _run(7.0, 2.0, 10 * GiB, (1, 2, 4))],
@@ -46,6 +49,8 @@ def test_the_report_pairs_rounds_and_checks_tokens(tmp_path, capsys):
         "ratios"] == pytest.approx([7.5 / 10.0, 9.0 / 12.0])
     assert compared["torch_uvm_checkpoint: time to the first token / accelerate's"][
         "ratios"] == pytest.approx([9.0 / 20.0])       # its first round failed
-    assert "| accelerate | 18.0 | 2.00 | 20.0 | 3.33 | 30.00 | 15.00 | 4.00 | True |" in out
+    assert "| accelerate | 18.0 | 17.0 | 2.00 | 20.0 | 3.33 | 30.00 | 15.00 | 4.00 | True |" in out
+    assert "pinning 2.0 GB/s on one thread, 3.0 on four; reading the files from the page cache " \
+        "6.0 / 12.0 GB/s; W at the pinning rate: 5.4 s" in out
     assert "resident: time to the first token" not in json.dumps(compared)
     assert (tmp_path / "load_llama.png").exists() or "matplotlib" in out

@@ -142,3 +142,24 @@ def test_names_and_matching():
     with pytest.raises(ValueError, match=r"'embed.weight' is \[5, 7\] in the checkpoint .* and "
                                          r"\[7, 5\] in the module"):
         checkpoint.match({"embed.weight": wrong}, names, tensors)
+
+
+def test_the_reader_reads_on_threads_and_reports_the_first_failure(saved, tmp_path):
+    entries = checkpoint.read_checkpoint(saved)
+    want = st.load_file(str(saved))
+    outs = {n: torch.zeros(e.shape, dtype=e.dtype) for n, e in entries.items()}
+    reader = checkpoint.Reader(threads=3)
+    for n, e in entries.items():
+        reader.submit(e, outs[n])
+    reader.close()
+    assert all(torch.equal(outs[n], want[n]) for n in want)
+    cut = tmp_path / "cut.safetensors"
+    e = entries["layers.0.proj.weight"]
+    cut.write_bytes(saved.read_bytes()[:e.begin + 4])
+    bad = checkpoint.Entry(str(cut), e.name, e.dtype, e.shape, e.begin, e.end)
+    reader = checkpoint.Reader(threads=2)
+    reader.submit(entries["embed.weight"], torch.empty(7, 5, dtype=torch.bfloat16))
+    reader.submit(bad, torch.empty(5, 5))
+    with pytest.raises(OSError, match="ended early"):
+        reader.close()
+    assert not reader._files and not reader._pending     # every file closed
