@@ -87,7 +87,6 @@ def load(variant: str, path: str, budget: int):
     if variant == "resident":
         return AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16,
                                                     device_map="cuda"), None, parts
-    import torch_uvm
     if variant == "hf_then_torch_uvm":
         model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16)
         found = None
@@ -103,6 +102,7 @@ def load(variant: str, path: str, budget: int):
         del model
         return AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16,
                                                     device_map=device_map), None, parts
+    import torch_uvm
     t0 = time.perf_counter()
     handle = torch_uvm.offload(model, budget=budget, device="cuda", mode="auto", checkpoint=found)
     parts["offload_s"] = time.perf_counter() - t0
@@ -119,11 +119,12 @@ def host_rates(tiny: bool, total: int = 4 * GiB, piece: int = 256 << 20) -> dict
     import torch_uvm
     from torch_uvm import checkpoint
     like = torch.empty(piece, dtype=torch.uint8, device="meta")
+    device = torch.device("cuda", torch.cuda.current_device())
     out = {}
     for threads in (1, checkpoint.READERS):
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
             t0 = time.perf_counter()
-            homes = list(pool.map(lambda _: torch_uvm._C.empty_pinned_home(like, "cuda"),
+            homes = list(pool.map(lambda _: torch_uvm._C.empty_pinned_home(like, device),
                                   range(total // piece)))
             out[f"pin_gbps_{threads}"] = total / (time.perf_counter() - t0) / 1e9
             del homes
@@ -160,6 +161,9 @@ def run_variant(variant: str, tiny: bool) -> dict:
         raise RuntimeError(f"no checkpoint in {path}: run the checkpoint variant first "
                            "(--variants checkpoint,...)")
     budget = offload_llama.budget_bytes(BUDGET_GIB, tiny)
+    import accelerate  # noqa: F401  (imports are not the load's: made before it is timed)
+    import transformers  # noqa: F401
+    import torch_uvm  # noqa: F401
     gpu = offload_llama.GpuMemory()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")                        # VmHWM from here
