@@ -18,6 +18,7 @@ any allocator's books.
 import argparse
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -173,6 +174,13 @@ def driver_args(ap, rounds: int, only: str):
 # Kept by --variants in every run: the rate a link limit is computed from,
 # and the all-resident run whose outputs every variant is checked against.
 ALWAYS = ("pinned_rate", "resident")
+
+
+def variant_gib(variant: str) -> Optional[int]:
+    """The N of a variant name's `_<N>GiB` part (torch_uvm_4GiB_b8,
+    torch_uvm_in_backward_3GiB: its budget), or None where it has none."""
+    m = re.search(r"_(\d+)GiB(?:_|$)", variant)
+    return int(m.group(1)) if m else None
 
 
 def gib_cell(nbytes: Optional[float]) -> str:

@@ -107,9 +107,8 @@ def torchtune_offload_activations():
 
 def activation_budget(variant: str, tiny: bool = False) -> int:
     """torch_uvm_<N>GiB: N GiB of saved activations may stay (--tiny: N MiB)."""
-    if not variant.startswith("torch_uvm_"):
-        return 0
-    return int(variant.split("_")[2][:-3]) << (20 if tiny else 30)
+    gib = method.variant_gib(variant)
+    return 0 if gib is None else gib << (20 if tiny else 30)
 
 
 def hooks_for(variant: str, tiny: bool = False):

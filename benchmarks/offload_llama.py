@@ -112,11 +112,10 @@ def parse(variant: str):
     """(kind, budget in GiB or None, batches) of a variant's name."""
     if variant in ("resident", "resident_sweep"):
         return "resident", None, SWEEP if variant.endswith("_sweep") else BATCHES
-    kind, rest = variant.rsplit("_", 1)[0], variant.rsplit("_", 1)[1]
-    if kind.startswith("torch_uvm_"):                     # torch_uvm_4GiB_b1, torch_uvm_4GiB_sweep
-        return ("torch_uvm", int(kind[len("torch_uvm_"):-3]),
-                SWEEP if rest == "sweep" else (int(rest[1:]),))
-    return kind, int(rest[:-3]), BATCHES                  # accelerate(_pinned)_4GiB
+    gib, rest = method.variant_gib(variant), variant.rsplit("_", 1)[1]
+    if variant.startswith("torch_uvm_"):                  # torch_uvm_4GiB_b1, torch_uvm_4GiB_sweep
+        return "torch_uvm", gib, SWEEP if rest == "sweep" else (int(rest[1:]),)
+    return variant.rsplit("_", 1)[0], gib, BATCHES       # accelerate(_pinned)_4GiB
 
 
 # ---------------------------------------------------------------- the model

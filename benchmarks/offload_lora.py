@@ -154,7 +154,7 @@ def run_variant(variant: str, tiny: bool) -> dict:
            "trainable_bytes": sum(p.numel() * p.element_size() for p in trainable(model)),
            "tokens_per_step": {}, "batches": {}}
     if kind == "torch_uvm":
-        out["budget_bytes"] = offload_llama.budget_bytes(int(variant.split("_")[2][:-3]), tiny)
+        out["budget_bytes"] = offload_llama.budget_bytes(method.variant_gib(variant), tiny)
     gpu.start("run")
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()

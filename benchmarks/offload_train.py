@@ -114,8 +114,8 @@ LLAMA_BATCH, LLAMA_SEQ = 4, 1024
 def budget(scenario, variant: str = "") -> int:
     """The variant's budget (its _<N>GiB, else the scenario's); for the tiny
     llama, the same share of its weights."""
-    last = variant.rsplit("_", 1)[-1]
-    b = int(last[:-3]) * GiB if last.endswith("GiB") else SCENARIOS[scenario]["budget"]
+    gib = method.variant_gib(variant)
+    b = SCENARIOS[scenario]["budget"] if gib is None else gib * GiB
     if scenario == "llama" and TINY:
         b = int(b * offload_llama.weights_bytes(offload_llama.llama_config(True))
                 / offload_llama.weights_bytes(offload_llama.llama_config(shape="3b")))

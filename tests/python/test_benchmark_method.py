@@ -129,3 +129,13 @@ def test_run_interleaves_rounds_and_reports_paired_ratios(tmp_path, monkeypatch,
     assert cpu["median"] == 12.0 and cpu["met"] is False
     assert set(result["machine"]) >= {"gpu", "driver", "torch", "cuda", "date"}
     assert "spread straddles the target" in open(tmp_path / "results.md").read()
+
+
+def test_a_variants_budget_is_read_from_its_name():
+    assert method.variant_gib("torch_uvm_4GiB_b8") == 4
+    assert method.variant_gib("torch_uvm_in_backward_12GiB") == 12
+    assert method.variant_gib("torch_uvm_4GiB_sweep") == 4
+    assert method.variant_gib("accelerate_pinned_8GiB") == 8
+    assert method.variant_gib("torch_uvm_in_backward") is None
+    assert method.variant_gib("resident") is None
+    assert method.variant_gib("torch_uvm_4GiBx") is None
