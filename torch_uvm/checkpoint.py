@@ -19,7 +19,7 @@ import ctypes
 import json
 import os
 import struct
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 
@@ -28,7 +28,11 @@ DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
     "U8": torch.uint8, "BOOL": torch.bool,
-    "F8_E4M3": getattr(torch, "float8_e4m3fn", None), "F8_E5M2": getattr(torch, "float8_e5m2", None),
+    # in recent PyTorch only: None where this one lacks them
+    "U16": getattr(torch, "uint16", None), "U32": getattr(torch, "uint32", None),
+    "U64": getattr(torch, "uint64", None), "F8_E4M3": getattr(torch, "float8_e4m3fn", None),
+    "F8_E5M2": getattr(torch, "float8_e5m2", None),
+    "F8_E8M0": getattr(torch, "float8_e8m0fnu", None),
 }
 HEADER_MAX = 100 << 20        # the format's own limit on the header's size
 CHUNK = 64 << 20              # bytes read a call
@@ -66,8 +70,9 @@ def _files(checkpoint) -> List[str]:
             if not names:
                 raise ValueError(f"torch_uvm: the checkpoint folder {path!r} has no .safetensors "
                                  "files. Pass a folder, a file or a list of .safetensors files")
-            return [os.path.join(path, n) for n in names]
-        files = [path]
+            files = [os.path.join(path, n) for n in names]
+        else:
+            files = [path]
     elif isinstance(checkpoint, (list, tuple)) and checkpoint:
         files = [os.fspath(p) for p in checkpoint]
     else:
@@ -94,6 +99,9 @@ def read_header(path: str) -> Dict[str, Entry]:
         except ValueError as e:
             raise ValueError(f"torch_uvm: {path!r} is not a safetensors file: its header is not "
                              f"JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"torch_uvm: {path!r} is not a safetensors file: its header is not a "
+                         f"JSON object but a {type(header).__name__}")
     start = 8 + length
     entries = {}
     for name, info in header.items():
@@ -104,6 +112,8 @@ def read_header(path: str) -> Dict[str, Entry]:
             shape = tuple(int(d) for d in info["shape"])
             begin, end = (start + int(o) for o in info["data_offsets"])
         except (KeyError, TypeError, ValueError):
+            dtype = None
+        if dtype is not None and any(d < 0 for d in shape):
             dtype = None
         if dtype is None:
             raise ValueError(f"torch_uvm: {path!r}: tensor {name!r} has a dtype or layout this "
@@ -167,45 +177,40 @@ def _bytes_of(t: torch.Tensor):
     return (ctypes.c_char * (t.numel() * t.element_size())).from_address(t.data_ptr())
 
 
-def read_into(entry: Entry, out: torch.Tensor, files: Optional[dict] = None) -> None:
-    """The entry's value into `out`, a contiguous CPU tensor of its shape:
-    its bytes read straight into it where the dtypes agree, else read and
-    cast. `files`: open files by path, kept between calls (else the file is
-    opened for this read alone)."""
-    if files is None:
-        with open(entry.path, "rb", buffering=0) as f:
-            return _read(entry, out, f)
-    if entry.path not in files:
-        files[entry.path] = open(entry.path, "rb", buffering=0)
-    _read(entry, out, files[entry.path])
+def read_into(entry: Entry, out: torch.Tensor) -> None:
+    """The entry's value into `out`, a contiguous CPU tensor of its shape."""
+    with open(entry.path, "rb", buffering=0) as f:
+        _read(entry, out, f)
 
 
 def _read(entry: Entry, out: torch.Tensor, f) -> None:
-    into = out if out.dtype == entry.dtype else torch.empty(entry.shape, dtype=entry.dtype)
-    if entry.nbytes:
+    """`entry`'s bytes from the open file `f` into `out`: straight into it
+    where the dtypes agree; else CHUNK bytes at a time into a buffer, each
+    cast into its part of `out` (the host holds no whole second copy)."""
+    flat = out.view(-1)
+    step = max(CHUNK // entry.dtype.itemsize, 1)       # elements a read
+    buffer = None if out.dtype == entry.dtype else torch.empty(
+        min(step, flat.numel()), dtype=entry.dtype)
+    for first in range(0, flat.numel(), step):
+        part = flat[first:first + step]
+        into = part if buffer is None else buffer[:part.numel()]
         view = memoryview(_bytes_of(into)).cast("B")
-        done = 0
-        while done < entry.nbytes:
-            n = os.preadv(f.fileno(), [view[done:done + CHUNK]], entry.begin + done)
+        offset, done = entry.begin + first * entry.dtype.itemsize, 0
+        while done < len(view):
+            n = os.preadv(f.fileno(), [view[done:]], offset + done)
             if n <= 0:
                 raise OSError(f"torch_uvm: {entry.path!r} ended early, reading at byte "
-                              f"{entry.begin + done}: the file is truncated")
+                              f"{offset + done}: the file is truncated")
             done += n
-    if into is not out:
-        out.copy_(into)
-
-
-def close(handles: dict) -> None:
-    for f in handles.values():
-        f.close()
-    handles.clear()
+        if buffer is not None:
+            part.copy_(into)
 
 
 class Reader:
     """Reads entries into given tensors on READERS threads (a read releases
-    the GIL), so that reading overlaps the pinning of the next homes.
-    `close()` waits for every read (call it before the memory read into is
-    freed, an error's path included) and raises the first that failed."""
+    the GIL). `close()` waits for every read (call it before the memory read
+    into is freed, an error's path included) and raises the first that
+    failed."""
 
     def __init__(self, threads: int = READERS):
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, "torch_uvm-read")
@@ -213,9 +218,10 @@ class Reader:
         self._pending: list = []
 
     def submit(self, entry: Entry, out: torch.Tensor) -> None:
-        if entry.path not in self._files:          # opened here: the threads only read
-            self._files[entry.path] = open(entry.path, "rb", buffering=0)
-        self._pending.append(self._pool.submit(read_into, entry, out, self._files))
+        f = self._files.get(entry.path)
+        if f is None:
+            f = self._files[entry.path] = open(entry.path, "rb", buffering=0)
+        self._pending.append(self._pool.submit(_read, entry, out, f))
 
     def close(self) -> None:
         try:
@@ -224,7 +230,9 @@ class Reader:
         finally:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pending.clear()
-            close(self._files)
+            for f in self._files.values():
+                f.close()
+            self._files.clear()
 
 
 def names_by_tensor(module: torch.nn.Module) -> Dict[int, List[str]]:

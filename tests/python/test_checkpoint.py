@@ -46,19 +46,21 @@ def test_reads_each_tensor_as_the_library_does(saved):
         assert torch.equal(out, t), name
 
 
-def test_reads_in_chunks_and_casts(saved, monkeypatch):
-    monkeypatch.setattr(checkpoint, "CHUNK", 3)     # several reads a tensor
+def test_reads_in_chunks_and_casts_a_chunk_at_a_time(saved, monkeypatch):
     e = checkpoint.read_checkpoint(saved)["layers.0.proj.weight"]
-    handles = {}
+    monkeypatch.setattr(checkpoint, "CHUNK", 12)    # three fp32 elements a read
     out = torch.empty(5, 5, dtype=torch.float64)     # another dtype: read, then cast
-    checkpoint.read_into(e, out, handles)
+    made = []
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: made.append(a) or empty(*a, **k))
+    checkpoint.read_into(e, out)
+    monkeypatch.undo()
     assert torch.equal(out, tensors()["layers.0.proj.weight"].double())
+    assert made == [(3,)]                            # a buffer of one chunk, not the tensor
+    monkeypatch.setattr(checkpoint, "CHUNK", 12)
     same = torch.empty(5, 5)
-    checkpoint.read_into(e, same, handles)
-    assert len(handles) == 1                         # the file opened once
+    checkpoint.read_into(e, same)                    # 25 elements, 3 a read
     assert torch.equal(same, tensors()["layers.0.proj.weight"])
-    checkpoint.close(handles)
-    assert not handles
 
 
 def test_a_folder_by_its_index_or_its_files(tmp_path):
@@ -74,6 +76,10 @@ def test_a_folder_by_its_index_or_its_files(tmp_path):
                       else "model-00001-of-00002.safetensors") for k in t}
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     assert set(checkpoint.read_checkpoint(tmp_path)) == set(t)   # the index's files only
+    weight_map["extra"] = "model-00003-of-00002.safetensors"
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(FileNotFoundError, match="not found: .*model-00003-of-00002.safetensors"):
+        checkpoint.read_checkpoint(tmp_path)                      # a shard the index names
     os.remove(tmp_path / "model.safetensors.index.json")
     with pytest.raises(ValueError, match="unrelated.safetensors' is not a safetensors file"):
         checkpoint.read_checkpoint(tmp_path)                      # every file then
@@ -97,6 +103,16 @@ def test_bad_checkpoints_are_named(tmp_path, saved):
     (tmp_path / "text.safetensors").write_bytes(b"not a checkpoint at all")
     with pytest.raises(ValueError, match="not a safetensors file"):
         checkpoint.read_checkpoint(tmp_path / "text.safetensors")
+    for bad in ({"dtype": "C64", "shape": [1], "data_offsets": [0, 8]},
+                {"dtype": "F32", "shape": [-1, -2], "data_offsets": [0, 8]}):
+        header = json.dumps({"x": bad}).encode()
+        (tmp_path / "odd.safetensors").write_bytes(struct.pack("<Q", len(header)) + header
+                                                   + bytes(8))
+        with pytest.raises(ValueError, match="'x' has a dtype or layout this reader does not"):
+            checkpoint.read_checkpoint(tmp_path / "odd.safetensors")
+    (tmp_path / "list.safetensors").write_bytes(struct.pack("<Q", 2) + b"[]")
+    with pytest.raises(ValueError, match="its header is not a JSON object but a list"):
+        checkpoint.read_checkpoint(tmp_path / "list.safetensors")
     header = json.dumps({"x": {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}}).encode()
     (tmp_path / "complex.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(8))
     with pytest.raises(ValueError, match="'x' has a dtype or layout this reader does not know"):
@@ -160,6 +176,7 @@ def test_the_reader_reads_on_threads_and_reports_the_first_failure(saved, tmp_pa
     reader = checkpoint.Reader(threads=2)
     reader.submit(entries["embed.weight"], torch.empty(7, 5, dtype=torch.bfloat16))
     reader.submit(bad, torch.empty(5, 5))
+    files = list(reader._files.values())
     with pytest.raises(OSError, match="ended early"):
         reader.close()
-    assert not reader._files and not reader._pending     # every file closed
+    assert len(files) == 2 and all(f.closed for f in files)
