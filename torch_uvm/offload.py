@@ -481,11 +481,10 @@ def _make_replacements(plan, held: set, shared: Dict[int, torch.Tensor],
                        device: torch.device, found: Dict[int, "_checkpoint.Entry"]) -> None:
     """Phase 1 of offload: each tensor's replacement in `shared`, over a new
     home, its value the tensor's own or, where `found` has an entry for it,
-    the checkpoint's (read straight into the home, on reader threads while
-    the next homes are pinned); a CPU tensor that only
-    the module holds, of the same value, reads that home from then on, and
-    its own memory goes (to the host: managed memory is given back as it
-    frees)."""
+    the checkpoint's (read straight into the home, on reader threads); a CPU
+    tensor that only the module holds, of the same value, reads that home
+    from then on, and its own memory goes (to the host: managed memory is
+    given back as it frees)."""
     reader = _checkpoint.Reader() if found else None
     freed = 0
     try:

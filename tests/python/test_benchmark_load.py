@@ -28,7 +28,7 @@ def _run(load, first, host, tokens=(1, 2, 3)):
 def test_the_report_pairs_rounds_and_checks_tokens(tmp_path, capsys):
     runs = {
         "checkpoint": [{"written": True}, {"written": False}],
-        "pinned_rate": [{"h2d_gbps": 50.0, "d2h_gbps": 50.0, "pin_gbps_1": 2.0, "pin_gbps_4": 3.0,
+        "pinned_rate": [{"h2d_gbps": 50.0, "d2h_gbps": 50.0, "pin_gbps_1": 2.0,
                          "read_gbps_1": 6.0, "read_gbps_4": 12.0},
                         {"h2d_gbps": 40.0, "d2h_gbps": 40.0}],
         "resident": [_run(4.0, 1.0, GiB), _run(5.0, 1.0, GiB)],
