@@ -176,11 +176,15 @@ def driver_args(ap, rounds: int, only: str):
 ALWAYS = ("pinned_rate", "resident")
 
 
-def variant_gib(variant: str) -> Optional[int]:
+def variant_gib(variant: str) -> Optional[float]:
     """The N of a variant name's `_<N>GiB` part (torch_uvm_4GiB_b8,
-    torch_uvm_in_backward_3GiB: its budget), or None where it has none."""
-    m = re.search(r"_(\d+)GiB(?:_|$)", variant)
-    return int(m.group(1)) if m else None
+    torch_uvm_in_backward_3GiB, torch_uvm_0.5GiB: its budget; an int where
+    N is whole), or None where it has none."""
+    m = re.search(r"_(\d+(?:\.\d+)?)GiB(?:_|$)", variant)
+    if not m:
+        return None
+    n = float(m.group(1))
+    return int(n) if n.is_integer() else n
 
 
 def gib_cell(nbytes: Optional[float]) -> str:
@@ -406,6 +410,66 @@ def least_training_limit_s(weights: int, budget: int, h2d: float, d2h: float,
     and `d2h` bytes/s, both directions at once."""
     b = least_training_bytes(weights, budget, h2d, d2h, states)
     return max(b["to_gpu_bytes"] / h2d, b["home_bytes"] / d2h)
+
+
+def host_adamw_rate(elements: int = 1 << 28) -> dict:
+    """The host's optimizer step now: torch.optim.AdamW(fused=True) on the
+    CPU (PyTorch's fused CPU kernel, FSDP2's CPU step) over one fp32
+    parameter of `elements` with its gradient, best of 3 after a first
+    step that makes the states (fp32 elements stepped a second)."""
+    import torch
+    p = torch.nn.Parameter(torch.zeros(elements))
+    p.grad = torch.full_like(p, 1e-3)
+    optimizer = torch.optim.AdamW([p], lr=1e-4, fused=True)
+    optimizer.step()
+    best = 0.0
+    for _ in range(3):
+        t0 = time.perf_counter()
+        optimizer.step()
+        best = max(best, elements / (time.perf_counter() - t0))
+    return {"host_adamw_elements_per_s": best, "host_threads": torch.get_num_threads()}
+
+
+# Per byte of fp32 weights: (to the GPU, home, stepped on the host, budget)
+# for each way a full fine-tune can place it (least_step_s).
+PLACEMENTS = {
+    "streamed, host step": (2, 1, 1, 0),        # in for forward and backward; gradient home
+    "streamed, GPU step": (4, 3, 0, 0),         # and AdamW's two moments both ways
+    "resident, host step": (1, 1, 1, 1),        # gradient home, stepped weight back
+    "resident, GPU step": (2, 2, 0, 1),         # its moments both ways
+    "resident with moments": (0, 0, 0, 3),      # nothing crosses
+}
+
+
+def least_step_s(weights: int, budget: int, h2d: float, d2h: float,
+                 host_bytes_per_s: float, compute_s: float = 0.0) -> dict:
+    """Seconds per step no placement of a full fine-tune (fp32 weights,
+    AdamW's two fp32 moments) can beat with this link *and this host*:
+    least_training_bytes counts only the link, as if the host stepped for
+    free; here the weights the host steps take `host_bytes_per_s` (weight
+    bytes, host_adamw_rate x 4), the link both ways at once, and
+    `compute_s` (all resident's step) bounds it too. Each weight byte is
+    placed one of the PLACEMENTS ways; the best mix under `budget` is a
+    linear program (scipy's linprog). Returns the seconds and the mix's
+    bytes per placement."""
+    from scipy.optimize import linprog
+    names = list(PLACEMENTS)
+    cols = [PLACEMENTS[n] for n in names]
+    g = float(1 << 30)          # in GiB and seconds: coefficients near 1 for the solver
+    # variables: the weight GiB of each placement, then T; minimise T
+    c = [0.0] * len(cols) + [1.0]
+    a_ub = [[col[0] * g / h2d for col in cols] + [-1.0],
+            [col[1] * g / d2h for col in cols] + [-1.0],
+            [col[2] * g / host_bytes_per_s for col in cols] + [-1.0],
+            [float(col[3]) for col in cols] + [0.0]]
+    b_ub = [0.0, 0.0, 0.0, budget / g]
+    a_eq, b_eq = [[1.0] * len(cols) + [0.0]], [weights / g]
+    bounds = [(0, None)] * len(cols) + [(compute_s, None)]
+    sol = linprog(c, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq, bounds=bounds, method="highs")
+    if not sol.success:
+        raise RuntimeError(f"least_step_s: no placement found ({sol.message})")
+    return {"seconds": float(sol.x[-1]),
+            "mix_bytes": {n: round(float(x) * g) for n, x in zip(names, sol.x) if x * g > 0.5}}
 
 
 def round_rates(rate_runs: List[Optional[dict]], key: str, rounds: int,

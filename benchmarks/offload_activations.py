@@ -108,7 +108,7 @@ def torchtune_offload_activations():
 def activation_budget(variant: str, tiny: bool = False) -> int:
     """torch_uvm_<N>GiB: N GiB of saved activations may stay (--tiny: N MiB)."""
     gib = method.variant_gib(variant)
-    return 0 if gib is None else gib << (20 if tiny else 30)
+    return 0 if gib is None else int(gib * (1 << (20 if tiny else 30)))
 
 
 def hooks_for(variant: str, tiny: bool = False):

@@ -151,10 +151,10 @@ def weights_bytes(config, element_size: int = 2) -> int:
     return element_size * (2 * config.vocab_size * h + config.num_hidden_layers * per_layer + h)
 
 
-def budget_bytes(gib: int, tiny: bool = False) -> int:
+def budget_bytes(gib: float, tiny: bool = False) -> int:
     """A budget of `gib` GiB; for --tiny, the same share of its weights."""
     if not tiny:
-        return gib * GiB
+        return int(gib * GiB)
     return int(gib * GiB * weights_bytes(llama_config(True)) / weights_bytes(llama_config(False)))
 
 

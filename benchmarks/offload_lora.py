@@ -29,6 +29,14 @@ Variants, each in a fresh process, interleaved round by round:
   bf16 (its documented mixed precision: fp32 master copies of the adapters in
   the optimizer), tuned as offload_train tunes it, its live parameters
   capped at 8 GiB of bf16 elements. Carried as wheels (DS_BUILD_OPS=0).
+- qlora_nf4: the all-resident memory saver users pick instead (QLoRA, as
+  torchtune's and PEFT's recipes build it): the decoder layers' Linears
+  in 4-bit NF4 with double quantization (bitsandbytes' Linear4bit, bf16
+  compute, quantized on the GPU as the model moves there: build_s holds
+  it), the same adapters, checkpointing and AdamW, all on the GPU. Other
+  arithmetic: its losses are not compared. torchtune quantizes with
+  torchao's NF4; its published QLoRA of Llama-3.1-8B: 7.4 GiB at 2413
+  tokens/s on an RTX 4090.
 
 The link limit: a budget of B bytes holds at most B of the W bytes of
 parameters, so at least W - B cross to the GPU in each pass, forward and
@@ -39,7 +47,8 @@ all-resident's step. Target: torch_uvm within 1.3x of the larger of the two.
 
 Beside every figure: the process's GPU memory (the driver's free memory,
 sampled; offload_llama.GpuMemory) over the timed steps and over the run,
-PyTorch's allocator's reserved peak, and the peak host memory (ru_maxrss).
+PyTorch's allocator's peaks (what its tensors took, and what it reserved),
+and the peak host memory (ru_maxrss).
 
 Duration on an H100: 326 s a round (each process builds the model in ~21 s;
 DeepSpeed's placement takes ~54 s). --tiny runs the whole script on a
@@ -56,9 +65,13 @@ OFFLOAD_PROFILE=DIR profiles one more batch-1 step of all resident and of
 each torch_uvm variant (traces to DIR) and prints where the GPU's time
 went: each stream's kernels and copies, and the span.
 
-Opt-in variants torch_uvm_2GiB, _3GiB, _6GiB and _10GiB draw torch_uvm's
-speed-for-memory curve beside the anchors' points (the plot joins
-torch_uvm's budgets). Each torch_uvm row records the bytes it brought to the
+Opt-in variants torch_uvm_0.5GiB, _1GiB, _2GiB, _3GiB, _6GiB and _10GiB
+draw torch_uvm's speed-for-memory curve beside the anchors' points (the
+plot joins torch_uvm's budgets); the smallest reach FSDP2's memory. A
+torch_uvm variant ending in _lora streams each PEFT LoRA layer (base weight
+and adapters) as one unit, _layers each decoder layer (offload's units=):
+by default each Linear is a unit, and two of every three are an adapter's
+few hundred KiB, each brought and stepped on its own. Each torch_uvm row records the bytes it brought to the
 GPU a step (its books) beside the least any placement brings.
 """
 import os
@@ -77,25 +90,75 @@ BUDGETS_GIB = (4, 8)
 DS_LIVE_GIB = 8
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 VARIANTS = (["pinned_rate", "resident"] + [f"torch_uvm_{g}GiB" for g in BUDGETS_GIB]
-            + ["fsdp2_cpu_offload", "deepspeed_zero3_offload"])
+            + ["fsdp2_cpu_offload", "deepspeed_zero3_offload", "qlora_nf4"])
 # Opt-in: more budgets, for torch_uvm's speed-for-memory curve (issue 35, point 3)
-CURVE = [f"torch_uvm_{g}GiB" for g in (2, 3, 6, 10)]
+CURVE = [f"torch_uvm_{g}GiB" for g in (0.5, 1, 2, 3, 6, 10)]
+# A torch_uvm variant ending in one of these streams such units (offload's units=)
+UNITS = {"lora": "each PEFT LoRA layer (its base weight and adapters) as one unit",
+         "layers": "each decoder layer as one unit"}
+CURVE += [f"torch_uvm_{g}GiB_{u}" for g in (0.5, 1, 4) for u in UNITS]
 EXACT = ("resident", "torch_uvm")   # the same arithmetic: losses can equal all-resident's
 
 
-def peft_model(tiny: bool):
+def nf4_base(model) -> None:
+    """QLoRA's base as users make it, on the GPU: each Linear of the decoder
+    layers a bitsandbytes Linear4bit (NF4, double quantization, bf16
+    compute; what transformers' BitsAndBytesConfig(load_in_4bit=True,
+    bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True) loads),
+    quantized as it moves to the GPU; embeddings, norms and head stay bf16."""
+    import bitsandbytes as bnb
+    import torch
+    for layer in model.model.layers:
+        for name, m in list(layer.named_modules()):
+            if type(m) is not torch.nn.Linear:
+                continue
+            q = bnb.nn.Linear4bit(m.in_features, m.out_features, bias=m.bias is not None,
+                                  compute_dtype=torch.bfloat16, compress_statistics=True,
+                                  quant_type="nf4", device="meta")
+            q.weight = bnb.nn.Params4bit(m.weight.data, requires_grad=False,
+                                         compress_statistics=True, quant_type="nf4", module=q)
+            if m.bias is not None:
+                q.bias = m.bias
+            parent, _, leaf = name.rpartition(".")
+            setattr(layer.get_submodule(parent) if parent else layer, leaf, q)
+    model.cuda()                                  # quantizes each Params4bit as it moves
+    try:                                          # PEFT's cue for its Linear4bit adapters
+        model.is_loaded_in_4bit = True
+    except AttributeError:
+        pass
+
+
+def peft_model(tiny: bool, nf4: bool = False):
     import torch
     from peft import LoraConfig, get_peft_model
     model = offload_llama.build(tiny, **({"attn_implementation": "eager"}
                                           if method.DETERMINISTIC else {}))
     model.config.use_cache = False
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if nf4:
+        nf4_base(model)
     torch.manual_seed(0)                  # the adapters' initial values
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=TARGETS,
                       task_type="CAUSAL_LM")
     model = get_peft_model(model, lora)
     model.train()
     return model
+
+
+def units_option(variant: str) -> str:
+    """A torch_uvm variant's UNITS key (its suffix), or "" for the default."""
+    suffix = variant.rsplit("_", 1)[-1]
+    return suffix if suffix in UNITS else ""
+
+
+def unit_classes(option: str):
+    """offload's units= for a variant's UNITS suffix (None: each submodule)."""
+    if option == "lora":
+        from peft.tuners.lora import LoraLayer
+        return (LoraLayer,)
+    if option == "layers":
+        return ("LlamaDecoderLayer",)
+    return None
 
 
 def trainable(model):
@@ -147,23 +210,27 @@ def run_variant(variant: str, tiny: bool) -> dict:
     method.deterministic_kernels()
     kind = "torch_uvm" if variant.startswith("torch_uvm") else variant
     gpu = offload_llama.GpuMemory()
+    gpu.start("run")            # QLoRA's base is quantized on the GPU as it is built
     t0 = time.perf_counter()
-    model = peft_model(tiny)
+    model = peft_model(tiny, nf4=kind == "qlora_nf4")
     out = {"build_s": time.perf_counter() - t0,
            "weights_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
            "trainable_bytes": sum(p.numel() * p.element_size() for p in trainable(model)),
            "tokens_per_step": {}, "batches": {}}
     if kind == "torch_uvm":
         out["budget_bytes"] = offload_llama.budget_bytes(method.variant_gib(variant), tiny)
-    gpu.start("run")
+    if kind != "qlora_nf4":
+        gpu.start("run")
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     engine = None
-    if kind == "resident":
+    if kind in ("resident", "qlora_nf4"):
         model.cuda()
     elif kind == "torch_uvm":
         import torch_uvm
-        handle = torch_uvm.offload(model, budget=out["budget_bytes"], device="cuda")
+        out["units_option"] = units_option(variant)
+        handle = torch_uvm.offload(model, budget=out["budget_bytes"], device="cuda",
+                                   units=unit_classes(out["units_option"]))
     elif kind == "fsdp2_cpu_offload":
         model, out["fsdp2"] = fsdp2(model)
     else:
@@ -221,6 +288,7 @@ def run_variant(variant: str, tiny: bool) -> dict:
         out["profile"]["wall_s"] = time.perf_counter() - t0
     out.update(gpu_peak_run_bytes=gpu.peak("run"),
                torch_reserved_peak_bytes=torch.cuda.max_memory_reserved(),
+               torch_allocated_peak_bytes=torch.cuda.max_memory_allocated(),
                host_peak_bytes=offload_llama.host_peak_bytes())
     gpu.stop()
     if kind == "torch_uvm":
@@ -253,7 +321,7 @@ def report(runs: dict, out_dir: str, tiny: bool) -> dict:
           f"{median_cell(method.summarize([r / 1e9 for r in rates if r]), '.1f')} GB/s")
     print("| variant | batch | tokens/s (median, min–max) | link limit, tokens/s | x the link "
           "limit (s/step) | x max(link, resident) | losses = all resident | process GPU, GiB: "
-          "timed (run) | torch reserved peak, GiB | host peak, GiB | placing, s | first step, s | "
+          "timed (run) | PyTorch's allocator's peak, GiB: allocated (reserved) | host peak, GiB | placing, s | first step, s | "
           "to the GPU a step, GiB (torch_uvm's books; the least) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     tables, compared = {}, {}
@@ -292,10 +360,13 @@ def report(runs: dict, out_dir: str, tiny: bool) -> dict:
                        r["batches"][b]["losses"][0] == ref[0] for r in ok),
                    **{k: max(r["batches"][b][k] if k in r["batches"][b] else r[k] for r in ok)
                       for k in ("gpu_peak_timed_bytes", "gpu_peak_run_bytes",
-                                "torch_reserved_peak_bytes", "host_peak_bytes")},
+                                "torch_reserved_peak_bytes", "torch_allocated_peak_bytes",
+                                "host_peak_bytes")
+                      if all(k in r or k in r["batches"][b] for r in ok)},   # (older runs lack some)
                    **{k: method.summarize([r[k] for r in ok])
                       for k in ("place_s", "first_step_s", "build_s")},
                    **{k: ok[-1][k] for k in ("budget_bytes", "weights_bytes", "trainable_bytes",
+                                             "units_option",
                                              "resident_units", "units", "resident_bytes_peak",
                                              "slot_reserved_peak_bytes", "fsdp2", "deepspeed")
                       if k in ok[-1]}}
@@ -309,7 +380,8 @@ def report(runs: dict, out_dir: str, tiny: bool) -> dict:
                   f"{first} | "
                   f"{gib_cell(row['gpu_peak_timed_bytes'])} "
                   f"({gib_cell(row['gpu_peak_run_bytes'])}) | "
-                  f"{gib_cell(row['torch_reserved_peak_bytes'])} | "
+                  f"{gib_cell(row.get('torch_allocated_peak_bytes'))} "
+                  f"({gib_cell(row['torch_reserved_peak_bytes'])}) | "
                   f"{gib_cell(row['host_peak_bytes'])} | "
                   f"{row['place_s']['median']:.1f} | {row['first_step_s']['median']:.2f} | "
                   f"{gib_cell(row['to_gpu_bytes_per_step'])} ({gib_cell(least)}) |")
@@ -319,7 +391,7 @@ def report(runs: dict, out_dir: str, tiny: bool) -> dict:
                 if x_bound:
                     compared[f"{v}, batch {b}: s per step / max(link limit, all resident)"] = \
                         x_bound
-                for anchor in ("fsdp2_cpu_offload", "deepspeed_zero3_offload"):
+                for anchor in ("fsdp2_cpu_offload", "deepspeed_zero3_offload", "qlora_nf4"):
                     theirs = [r["batches"][b]["s_per_step"] if r else None
                               for r in runs.get(anchor, [])]
                     if any(theirs):
@@ -365,11 +437,13 @@ def plot(tables: dict, path: str, tiny: bool) -> None:
             lim = row["link_limit_tokens_per_s"]
             if lim:
                 ax.axhline(lim["median"], color="k", ls=":", lw=0.8)
-        curve = sorted((row["gpu_peak_timed_bytes"] / GiB, row["tokens_per_s"]["median"])
-                       for key, row in tables.items()
-                       if key.startswith("torch_uvm") and key.endswith(f", batch {b}"))
-        if len(curve) > 1:     # torch_uvm's budgets, joined: its speed-for-memory curve
-            ax.plot(*zip(*curve), color="tab:blue", lw=1)
+        for option, style in (("", "-"), *((u, "--") for u in UNITS)):
+            curve = sorted((row["gpu_peak_timed_bytes"] / GiB, row["tokens_per_s"]["median"])
+                           for key, row in tables.items()
+                           if key.startswith("torch_uvm") and key.endswith(f", batch {b}")
+                           and row.get("units_option", "") == option)
+            if len(curve) > 1:     # torch_uvm's budgets, joined: its speed-for-memory curve
+                ax.plot(*zip(*curve), color="tab:blue", lw=1, ls=style)
         ax.set_xlabel("process GPU memory over the timed steps, GiB (mem_get_info)")
         ax.set_ylabel("tokens/s")
         ax.set_yscale("log")

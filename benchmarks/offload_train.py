@@ -69,6 +69,7 @@ import json
 import os
 import sys
 import time
+from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # torch_uvm
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                   # method
@@ -115,7 +116,7 @@ def budget(scenario, variant: str = "") -> int:
     """The variant's budget (its _<N>GiB, else the scenario's); for the tiny
     llama, the same share of its weights."""
     gib = method.variant_gib(variant)
-    b = SCENARIOS[scenario]["budget"] if gib is None else gib * GiB
+    b = SCENARIOS[scenario]["budget"] if gib is None else int(gib * GiB)
     if scenario == "llama" and TINY:
         b = int(b * offload_llama.weights_bytes(offload_llama.llama_config(True))
                 / offload_llama.weights_bytes(offload_llama.llama_config(shape="3b")))
@@ -267,7 +268,7 @@ def run(scenario, variant):
     measured by the driver around everything that touches the GPU."""
     import torch
     if variant == "pinned_rate":
-        return method.pinned_rate()
+        return {**method.pinned_rate(), **method.host_adamw_rate()}
     method.deterministic_kernels()
     if variant.startswith("torch_uvm"):
         import torch_uvm
@@ -399,6 +400,7 @@ def measure(scenario, variant):
 
 LEAST = "the least any placement moves"
 ON_GPU = "with the step on the GPU"
+HOST = "the least any placement takes on this host"
 
 
 def link_limit(weights: int, resident: int, h2d: float, d2h: float) -> dict:
@@ -421,6 +423,22 @@ def least_limit(weights: int, budget: int, h2d: float, d2h: float) -> dict:
             "seconds": method.least_training_limit_s(weights, budget, h2d, d2h)}
 
 
+def host_limit(weights: int, budget_bytes: int, h2d: float, d2h: float, runs) -> Optional[dict]:
+    """The third limit, the least any placement takes with this host
+    (method.least_step_s): the link's bytes as in the first, the weights
+    the host steps at the fused CPU AdamW rate pinned_rate measured, and
+    all resident's step (the GPU's compute) beside them. None where
+    pinned_rate did not measure the host."""
+    rate = method.median_of([r for r in runs.get("pinned_rate", [])
+                             if r and "host_adamw_elements_per_s" in r],
+                            "host_adamw_elements_per_s", None)
+    if not rate:
+        return None
+    compute = method.median_of(runs.get("resident", []), "s_per_step", 0.0)
+    found = method.least_step_s(weights, budget_bytes, h2d, d2h, 4 * rate, compute)
+    return {**found, "host_adamw_elements_per_s": rate, "compute_s": compute}
+
+
 def limits(scenario, runs, rounds):
     """Both limits at the median rates, and each round's, for ratios paired
     with the runs of the same round (None where nothing ran to size them)."""
@@ -432,13 +450,17 @@ def limits(scenario, runs, rounds):
     d2hs = method.round_rates(rate_runs, "d2h_gbps", rounds, LINK)
     h2d = method.summarize(h2ds)["median"]
     d2h = method.summarize(d2hs)["median"]
-    out = {"measured": any(rate_runs), "least": None, "on_gpu": None,
-           "least_s": [None] * rounds, "on_gpu_s": [None] * rounds}
+    out = {"measured": any(rate_runs), "least": None, "on_gpu": None, "host": None,
+           "least_s": [None] * rounds, "on_gpu_s": [None] * rounds, "host_s": [None] * rounds}
     if some:
         w = some["weights_bytes"]
         out["least"] = least_limit(w, limit_budget, h2d, d2h)
         out["least_s"] = [method.least_training_limit_s(w, limit_budget, h, d)
                           for h, d in zip(h2ds, d2hs)]
+        out["host"] = host_limit(w, limit_budget, h2d, d2h, runs)
+        if out["host"]:
+            out["host_s"] = [host_limit(w, limit_budget, h, d, runs)["seconds"]
+                             for h, d in zip(h2ds, d2hs)]
     if uvm_run:
         w, r = uvm_run["weights_bytes"], uvm_run["resident_weight_bytes"]
         out["on_gpu"] = link_limit(w, r, h2d, d2h)
@@ -456,7 +478,7 @@ def describe_limit(limit):
 def report(scenario, runs, rounds):
     ref = next((r["losses"] for r in runs.get("resident", []) if r), None)
     lim = limits(scenario, runs, rounds)
-    least, on_gpu = lim["least"], lim["on_gpu"]
+    least, on_gpu, host = lim["least"], lim["on_gpu"], lim["host"]
     conf = SCENARIOS[scenario]
     rates = (f"pinned {least['h2d_gbps']:.1f} GB/s to the GPU and {least['d2h_gbps']:.1f} home, "
              f"{'measured in this run' if lim['measured'] else 'assumed: pinned_rate did not run'}"
@@ -471,12 +493,18 @@ def report(scenario, runs, rounds):
           f"moments home and its weight back): {describe_limit(least)}")
     print(f"link limit {ON_GPU} (torch_uvm's placement, step in backward, AdamW's moments "
           f"crossing too): {describe_limit(on_gpu)}")
+    if host:
+        print(f"{HOST} (the link as above, the weights the host steps at its fused CPU AdamW's "
+              f"{host['host_adamw_elements_per_s'] / 1e9:.2f} G elements/s, all resident's "
+              f"step {host['compute_s']:.3f} s beside them; the best mix of placements): "
+              f"{host['seconds']:.3f} s, placing "
+              + ", ".join(f"{n} {b / GiB:.2f} GiB" for n, b in host["mix_bytes"].items()))
     unit = "tokens/s" if scenario in TOKENS else "s / step"
     print(f"| variant | {unit} (median of rounds; min-max) | x the link limit ({LEAST}) | "
-          f"x the link limit {ON_GPU} | losses = all resident | "
+          f"x the link limit {ON_GPU} | x {HOST} | losses = all resident | "
           "process GPU memory (peak, mem_get_info) | to GPU / home per step (torch_uvm) | "
           "max_memory_allocated (torch_uvm: + its slots' reserved peak) | host peak, GiB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     table = {}
     for v, rs in runs.items():
         if v == "pinned_rate":
@@ -484,7 +512,7 @@ def report(scenario, runs, rounds):
         name = f"{v} (more memory)" if v in MORE_MEMORY else v
         ok = [r for r in rs if r]
         if not ok:
-            print(f"| {name} | failed | | | | | | | |")
+            print(f"| {name} | failed | | | | | | | | |")
             continue
         if scenario in TOKENS:
             vals = [r["tokens_per_step"] / r["s_per_step"] for r in ok]
@@ -495,14 +523,16 @@ def report(scenario, runs, rounds):
         # the limits bound placements within the budget: not all-resident,
         # nor the variants that hold the weights on the GPU
         bounded = v != "resident" and v not in MORE_MEMORY
-        own_least, own_on_gpu = least, on_gpu
+        own_least, own_on_gpu, own_host = least, on_gpu, host
         if least and budget(scenario, v) != budget(scenario):    # a variant's own budget
             h, d = least["h2d_gbps"] * 1e9, least["d2h_gbps"] * 1e9
             own_least = least_limit(ok[-1]["weights_bytes"], budget(scenario, v), h, d)
+            own_host = host_limit(ok[-1]["weights_bytes"], budget(scenario, v), h, d, runs)
             own_on_gpu = link_limit(ok[-1]["weights_bytes"], ok[-1]["resident_weight_bytes"],
                                     h, d) if "resident_weight_bytes" in ok[-1] else None
         x_least = secs["median"] / own_least["seconds"] if own_least and bounded else None
         x_on_gpu = secs["median"] / own_on_gpu["seconds"] if own_on_gpu and bounded else None
+        x_host = secs["median"] / own_host["seconds"] if own_host and bounded else None
         check = method.outputs_check([r["losses"] for r in ok], ref)
         gpu = [r.get("process_gpu_memory") for r in ok]
         moved = (f"{ok[-1]['to_gpu_bytes_per_step'] / GiB:.2f} / "
@@ -510,7 +540,9 @@ def report(scenario, runs, rounds):
             if "to_gpu_bytes_per_step" in ok[-1] else ""
         table[v] = {**{k: ok[-1][k] for k in ok[-1] if k not in ("losses", "process_gpu_memory")},
                     "value": t, "s_per_step": secs, "x_link_limit": x_least,
-                    "x_link_limit_with_step_on_gpu": x_on_gpu, "same_losses": check["same"],
+                    "x_link_limit_with_step_on_gpu": x_on_gpu, "x_least_on_this_host": x_host,
+                    "least_on_this_host_s": own_host["seconds"] if own_host else None,
+                    "same_losses": check["same"],
                     "link_limit_s": own_least["seconds"] if own_least else None,
                     "losses_max_abs_difference": check["max_abs_difference"],
                     "losses": ok[-1]["losses"], "process_gpu_memory": gpu,
@@ -519,6 +551,7 @@ def report(scenario, runs, rounds):
         print(f"| {name} | {t['median']:{fmt}} ({t['min']:{fmt}}-{t['max']:{fmt}}) | "
               f"{'—' if x_least is None else f'{x_least:.2f}'} | "
               f"{'—' if x_on_gpu is None else f'{x_on_gpu:.2f}'} | "
+              f"{'—' if x_host is None else f'{x_host:.2f}'} | "
               f"{method.describe_check(check, exact=v.startswith(EXACT))} | "
               f"{method.gpu_memory_cell(gpu)} | {moved} | "
               f"{ok[-1]['max_memory_allocated'] / GiB:.2f} GiB"
@@ -550,7 +583,7 @@ def main():
     for s in scenarios:
         table, lim = report(s, runs[s], args.rounds)
         tables[s] = {"variants": table, "link_limit": lim["least"],
-                     "link_limit_with_step_on_gpu": lim["on_gpu"]}
+                     "link_limit_with_step_on_gpu": lim["on_gpu"], "least_on_this_host": lim["host"]}
 
         def metric(v):
             return [r["s_per_step"] if r else None for r in runs[s].get(v, [])]
@@ -560,12 +593,19 @@ def main():
                 if own:
                     compared[f"({s}) {v}, s per step / its link limit ({LEAST})"] = \
                         method.ratio(metric(v), [own] * args.rounds)
+                own = table.get(v, {}).get("least_on_this_host_s")
+                if own:
+                    compared[f"({s}) {v}, s per step / its {HOST}"] = \
+                        method.ratio(metric(v), [own] * args.rounds, target=1.5)
                 compared[f"({s}) {v} / FSDP2 CPUOffloadPolicy, s per step"] = method.ratio(
                     metric(v), metric("fsdp2_cpu_offload"))
                 continue
             if lim["least"]:
                 compared[f"({s}) {v}, s per step / link limit ({LEAST})"] = method.ratio(
                     metric(v), lim["least_s"], target=1.5 if s == "llama" else None)
+            if lim["host"]:
+                compared[f"({s}) {v}, s per step / {HOST}"] = method.ratio(
+                    metric(v), lim["host_s"], target=1.5 if s == "llama" else None)
             if lim["on_gpu"]:
                 compared[f"({s}) {v}, s per step / link limit {ON_GPU} "
                          f"(torch_uvm's placement)"] = method.ratio(

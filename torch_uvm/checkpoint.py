@@ -209,8 +209,8 @@ def _read(entry: Entry, out: torch.Tensor, f) -> None:
 class Reader:
     """Reads entries into given tensors on READERS threads (a read releases
     the GIL). `close()` waits for every read (call it before the memory read
-    into is freed, an error's path included) and raises the first that
-    failed."""
+    into is freed, an error's path included: `close(failed=True)`) and
+    raises the first that failed."""
 
     def __init__(self, threads: int = READERS):
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, "torch_uvm-read")
@@ -223,10 +223,18 @@ class Reader:
             f = self._files[entry.path] = open(entry.path, "rb", buffering=0)
         self._pending.append(self._pool.submit(_read, entry, out, f))
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Waits for every read. `failed`: the caller is raising already;
+        reads not begun are dropped, and the reads' own failures are not
+        raised over the caller's."""
         try:
-            for done in self._pending:
-                done.result()
+            if failed:
+                for queued in self._pending:
+                    queued.cancel()
+                concurrent.futures.wait(self._pending)
+            else:
+                for done in self._pending:
+                    done.result()
         finally:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pending.clear()

@@ -22,29 +22,9 @@ import torch
 
 from . import _C, offload_training
 from . import checkpoint as _checkpoint
+from .offload_units import _Unit, direct_tensors as _direct_tensors, largest_unit, make_units, \
+    offload_plan, unit_roots
 from .residency import _cuda, _end_lease, _open_lease, _span_bytes, get_residency_limit
-
-
-class _Unit:
-    """A module with parameters or buffers of its own, streamed as one."""
-    __slots__ = ("name", "module", "targets", "params", "trainable", "index", "grads_expected",
-                 "grads_seen", "stepped")
-
-    def __init__(self, name: str, module: torch.nn.Module, targets: List[torch.Tensor]):
-        self.name, self.module, self.targets = name, module, targets
-        self.params: List[torch.nn.Parameter] = []      # whose gradients it streams, if any
-        self.trainable: List[torch.nn.Parameter] = []   # those that require grad now
-        self.index = -1                                  # in the executor
-        self.grads_expected = self.grads_seen = 0
-        self.stepped = False                             # in this backward
-
-    @property
-    def nbytes(self) -> int:
-        return sum(_span_bytes(t) for t in {id(t): t for t in self.targets}.values())
-
-    @property
-    def trainable_bytes(self) -> int:
-        return sum(_span_bytes(p) for p in self.trainable)
 
 
 MODES = ("auto", "in_place", "prefetch")
@@ -352,7 +332,8 @@ class Offloaded:
         for h in self._handles:
             h.remove()
         for u in self.units:
-            u.module.__dict__.pop("_apply", None)
+            for m in u.members:
+                m.__dict__.pop("_apply", None)
         _LIVE.discard(self)
         offload_training.forget(self)
         _C.release_cached_slots()             # the slots' device memory goes back
@@ -438,14 +419,15 @@ def _on_cpu_without_copy(t: torch.Tensor) -> torch.Tensor:
     return t.to("cpu", copy=True)
 
 
-def _guard_conversions(handle: Offloaded, unit: _Unit) -> None:
+def _guard_conversions(handle: Offloaded, unit: _Unit, member: torch.nn.Module) -> None:
     """``module.cpu()`` / ``.to("cpu")`` of an offloaded module (Lightning
     does it at the end of fit) undoes the offload first: its tensors are
     then the module's own again, and move as usual. A conversion to another
     dtype or GPU is refused by name (the offload's tensors are where they
-    stream); moves that change nothing (``.cuda()``, ``.to(device)``) pass."""
+    stream); moves that change nothing (``.cuda()``, ``.to(device)``) pass.
+    On each member of each unit (the modules whose own tensors it holds)."""
     probe_of = unit.targets[0] if unit.targets else None
-    own = unit.module._apply
+    own = member._apply
 
     def _apply(fn, *args, **kwargs):
         if probe_of is not None and getattr(handle.module, "_torch_uvm_offloaded", None) is handle:
@@ -459,16 +441,7 @@ def _guard_conversions(handle: Offloaded, unit: _Unit) -> None:
                     "to another memory format) is not done in place. undo() the offload, "
                     "convert the module, and offload it again")
         return own(fn, *args, **kwargs)
-    unit.module._apply = _apply
-
-
-def _direct_tensors(module: torch.nn.Module):
-    for name, p in module._parameters.items():
-        if p is not None:
-            yield name, p, "param"
-    for name, b in module._buffers.items():
-        if b is not None:
-            yield name, b, "buffer"
+    member._apply = _apply
 
 
 # Managed CPU memory the originals free goes to torch_uvm's cache, not back
@@ -486,7 +459,7 @@ def _make_replacements(plan, held: set, shared: Dict[int, torch.Tensor],
     from then on, and its own memory goes (to the host: managed memory is
     given back as it frees)."""
     reader = _checkpoint.Reader() if found else None
-    freed = 0
+    freed, failed = 0, False
     try:
         with torch.no_grad():
             for _, _, own, _ in plan:
@@ -514,11 +487,16 @@ def _make_replacements(plan, held: set, shared: Dict[int, torch.Tensor],
                     if kind == "param":
                         seen = torch.nn.Parameter(seen, requires_grad=t.requires_grad)
                     shared[id(t)] = seen
+    except BaseException:
+        failed = True
+        raise
     finally:
-        if reader is not None:
-            reader.close()                      # every read done before a home may go
-        if freed:
-            _C.empty_cache()
+        try:
+            if reader is not None:              # every read done before a home may go
+                reader.close(failed)
+        finally:
+            if freed:
+                _C.empty_cache()
 
 
 def _host_available() -> Optional[int]:
@@ -532,18 +510,6 @@ def _host_available() -> Optional[int]:
     except (OSError, ValueError, IndexError):
         pass
     return None
-
-
-def offload_plan(module: torch.nn.Module) -> list:
-    """(name, submodule, its own tensors as (name, tensor, kind), their
-    bytes) for each submodule that has tensors of its own."""
-    plan = []
-    for name, m in module.named_modules():
-        own = list(_direct_tensors(m))
-        if own:
-            nbytes = sum(_span_bytes(t) for _, t, _ in own)
-            plan.append((name or type(m).__name__, m, own, nbytes))
-    return plan
 
 
 @functools.lru_cache(maxsize=None)
@@ -617,7 +583,7 @@ def _home_for(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
-            ahead: int = 1, mode: str = "auto", checkpoint=None) -> Offloaded:
+            ahead: int = 1, mode: str = "auto", checkpoint=None, units=None) -> Offloaded:
     """Run `module` on `device` with at most `budget` bytes of its weights
     in GPU memory (default: the device's residency limit).
 
@@ -658,6 +624,15 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     ``init_empty_weights``), so the host never holds the weights twice
     (checkpoint.py). Every tensor on the meta device must be in it; names
     and shapes are checked before anything is read.
+
+    `units`: what streams as one (offload_units.py). By default each
+    submodule with tensors of its own; given module classes, their names
+    (a Hugging Face model's ``_no_split_modules``) or a function of a
+    module, each module it matches streams whole, with everything below
+    it: fewer, larger units, each brought `ahead` whole (a PEFT LoRA
+    layer's adapters with its base weight; a decoder layer). The unit's
+    forward must call its members. The least budget grows with the
+    largest unit.
     Returns a handle whose ``undo()`` puts the module back."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"offload expects a torch.nn.Module, got {type(module).__name__}")
@@ -690,23 +665,27 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     plan = offload_plan(module)
     if not plan:
         raise ValueError("torch_uvm: the module has no parameters or buffers to offload")
+    roots = unit_roots(module, units)
     tensors = {id(t): t for _, _, own, _ in plan for _, t, _ in own}   # tied ones once
+    # (a checkpoint's match refuses meta tensors it lacks, by name)
     found = {} if checkpoint is None else _checkpoint.match(
         _checkpoint.read_checkpoint(checkpoint), _checkpoint.names_by_tensor(module), tensors)
-    meta = [f"{name}.{tname}" if name else tname for name, m in module.named_modules()
-            for tname, t, _ in _direct_tensors(m) if t.is_meta and id(t) not in found]
+    meta = [] if checkpoint is not None else [
+        f"{name}.{tname}" if name else tname for name, m in module.named_modules()
+        for tname, t, _ in _direct_tensors(m) if t.is_meta]
     if meta:
         raise ValueError(f"torch_uvm: offload needs the weights' values, and {', '.join(meta[:3])}"
                          f"{' ...' if len(meta) > 3 else ''} are on the meta device. Load them "
                          f"first (load_state_dict(..., assign=True) or to_empty + load), or "
                          f"pass their safetensors files as checkpoint=")
-    largest = max(plan, key=lambda p: p[3])
-    window = window_bytes("prefetch", False, ahead, largest[3])
+    largest = largest_unit(plan, roots)
+    window = window_bytes("prefetch", False, ahead, largest[1])
     if budget < window and mode != "in_place":
         raise ValueError(f"torch_uvm: a budget of {budget} bytes cannot stream submodule "
-                         f"'{largest[0]}' ({largest[3]} bytes): it needs at least {window} "
+                         f"'{largest[0]}' ({largest[1]} bytes): it needs at least {window} "
                          f"bytes (ahead + 1 = {ahead + 1} of the largest submodule). Raise "
-                         f"the budget, lower ahead, or read it in place (mode='in_place')")
+                         f"the budget, lower ahead, {'stream smaller units, ' if units else ''}"
+                         f"or read it in place (mode='in_place')")
     held = held_elsewhere(tensors, plan)
     _check_host_room(module, tensors, held, found)
     # Its own share of the GPU, or a clear refusal (nothing changed yet).
@@ -722,22 +701,23 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
         _end_lease(lease)
         raise
     # Phase 2 puts them in: dictionary stores, which cannot fail half-way.
-    originals, units, handles = {}, [], []
+    originals, handles = {}, []
     for name, m, own, _ in plan:
-        targets = []
         for tname, t, kind in own:
-            seen = shared[id(t)]
             originals[(m, tname, kind)] = t
-            (m._parameters if kind == "param" else m._buffers)[tname] = seen
-            if seen.numel() > 0 and all(x is not seen for x in targets):
-                targets.append(seen)
-        units.append(_Unit(name, m, targets))
+            (m._parameters if kind == "param" else m._buffers)[tname] = shared[id(t)]
+    units = make_units(plan, roots, shared)
     # The tensors the module had keep no memory while it is offloaded (those
     # on the GPU give theirs back now); undo() gives them their values again.
     # One that something else holds keeps its own, as it was.
+    # Managed memory goes to torch_uvm's cache as it frees: given back too.
+    freed = False
     for i, t in tensors.items():
         if t.numel() > 0 and i not in held:
+            freed = freed or _C.is_managed(t)
             t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+    if freed:
+        _C.empty_cache()
     handle = Offloaded(module, device, budget, ahead, mode, units, handles, originals, lease)
     handles.append(module.register_forward_pre_hook(lambda _m, _a: _cast_cache_off(handle)))
     handles.append(module.register_forward_pre_hook(
@@ -750,7 +730,8 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     handles.append(module.register_forward_hook(lambda _m, _a, _o: _cast_cache_back(handle),
                                                 always_call=True))
     for u in units:
-        _guard_conversions(handle, u)
+        for m in u.members:
+            _guard_conversions(handle, u, m)
     offload_training.install(handle)
     module._torch_uvm_offloaded = handle
     _LIVE.add(handle)

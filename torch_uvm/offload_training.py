@@ -41,7 +41,8 @@ from torch.utils._pytree import tree_leaves
 from . import _C
 
 if TYPE_CHECKING:
-    from .offload import Offloaded, _Unit
+    from .offload import Offloaded
+    from .offload_units import _Unit
 
 # Room made on the GPU for an optimizer's first states, in parameters' bytes.
 FIRST_STATES = 2
@@ -78,7 +79,7 @@ def install(handle: "Offloaded") -> None:
     its first user), and hooks for those that require grad now."""
     owner = set()
     for u in handle.units:
-        for p in u.module._parameters.values():
+        for p in (p for m in u.members for p in m._parameters.values()):
             if p is not None and id(p) not in owner:
                 owner.add(id(p))
                 u.params.append(p)

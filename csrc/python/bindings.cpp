@@ -83,11 +83,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return t.has_storage() && is_pinned_home(t.storage().data_ptr());
   });
   // A streamed tensor's home: t's value in pinned host memory, seen on `device`.
+  // Pinning takes the kernel a while (about 1 GB/s): other Python threads
+  // (offload's checkpoint readers) run meanwhile.
   m.def("pinned_home", [](const at::Tensor& t, const py::object& device) {
-    return pinned_home_copy(t, with_index(device.cast<c10::Device>()));
+    const c10::Device d = with_index(device.cast<c10::Device>());
+    py::gil_scoped_release nogil;
+    return pinned_home_copy(t, d);
   });
   m.def("empty_pinned_home", [](const at::Tensor& like, const py::object& device) {
-    return pinned_home_empty(like, with_index(device.cast<c10::Device>()));
+    const c10::Device d = with_index(device.cast<c10::Device>());
+    py::gil_scoped_release nogil;
+    return pinned_home_empty(like, d);
   });
   m.def("home_on_cpu", &home_on_cpu);
   m.def("fresh_home_on_cpu", &fresh_home_on_cpu);

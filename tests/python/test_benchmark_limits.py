@@ -286,3 +286,45 @@ def test_a_variant_with_its_own_budget_is_held_to_its_own_limit(capsys):
         1.0 / offload_train.link_limit(12 * GiB, 2 * GiB, 50e9, 50e9)["seconds"])
     assert table["torch_uvm_in_backward"]["link_limit_s"] == pytest.approx(16 * GiB / 50e9)
     assert "| torch_uvm_in_backward_4GiB | 4096 " in capsys.readouterr().out
+
+
+def test_the_least_on_this_host_counts_the_hosts_step_beside_the_link():
+    """method.least_step_s: a placement that moves the least steps on the
+    host; a slow host makes the best mix step some weights on the GPU
+    (their moments crossing), and all resident's step bounds it too."""
+    w, b, h = 12 * GiB, 8 * GiB, 50e9
+    # a host stepping for free: the link's least, as least_training_bytes says
+    free = method.least_step_s(w, b, h, h, 1e30)
+    assert free["seconds"] == pytest.approx(method.least_training_limit_s(w, b, h, h))
+    assert free["mix_bytes"] == {"streamed, host step": 4 * GiB, "resident, host step": 8 * GiB}
+    # a host stepping 1 G fp32 elements a second: its step alone would take 3 s over the 12 GiB
+    slow = method.least_step_s(w, b, h, h, 4e9)
+    assert free["seconds"] < slow["seconds"] < w / 4e9
+    assert slow["mix_bytes"].get("resident, GPU step", 0) > 0     # some steps move to the GPU
+    # no better than stepping everything on the GPU, with its moments crossing
+    assert slow["seconds"] <= offload_train.link_limit(w, b, h, h)["seconds"]
+    host_bytes = sum(v for k, v in slow["mix_bytes"].items() if k.endswith("host step"))
+    assert host_bytes / 4e9 <= slow["seconds"] * (1 + 1e-6)
+    # the GPU's own compute bounds it from below
+    assert method.least_step_s(w, b, h, h, 1e30, compute_s=2.0)["seconds"] == pytest.approx(2.0)
+    # all of it with its moments in the budget: nothing crosses
+    assert method.least_step_s(GiB, 3 * GiB, h, h, 4e9)["seconds"] == pytest.approx(0, abs=1e-9)
+
+
+def test_the_training_table_holds_each_variant_to_the_least_on_this_host(capsys):
+    run = {**fake_train_run([2.0, 1.9], 0.5), "weights_bytes": 12 * GiB, "tokens_per_step": 4096}
+    runs = {"pinned_rate": [{"h2d_gbps": 50.0, "d2h_gbps": 50.0,
+                             "host_adamw_elements_per_s": 1e9}],
+            "resident": [run], "torch_uvm_in_backward": [{**run, "s_per_step": 1.2,
+                                                          "resident_weight_bytes": 6 * GiB}]}
+    table, lim = offload_train.report("llama", runs, 1)
+    out = capsys.readouterr().out
+    host = method.least_step_s(12 * GiB, 8 * GiB, 50e9, 50e9, 4e9, compute_s=0.5)["seconds"]
+    assert lim["host"]["seconds"] == pytest.approx(host) and lim["host_s"] == [pytest.approx(host)]
+    assert table["torch_uvm_in_backward"]["x_least_on_this_host"] == pytest.approx(1.2 / host)
+    assert table["resident"]["x_least_on_this_host"] is None
+    assert "the least any placement takes on this host (the link as above" in out
+    assert "1.00 G elements/s, all resident's step 0.500 s" in out
+    no_host = offload_train.report("llama", {**runs, "pinned_rate": [
+        {"h2d_gbps": 50.0, "d2h_gbps": 50.0}]}, 1)[1]
+    assert no_host["host"] is None

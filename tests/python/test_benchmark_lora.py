@@ -64,3 +64,12 @@ def test_the_variants_are_named_for_their_budgets():
     assert L.VARIANTS[:2] == ["pinned_rate", "resident"]
     assert [v for v in L.VARIANTS if v.startswith("torch_uvm")] == \
         [f"torch_uvm_{g}GiB" for g in L.BUDGETS_GIB]
+    assert "qlora_nf4" in L.VARIANTS
+
+
+def test_a_variants_suffix_names_the_units_it_streams():
+    assert L.units_option("torch_uvm_4GiB") == "" and L.unit_classes("") is None
+    assert L.units_option("torch_uvm_0.5GiB_lora") == "lora"
+    assert L.units_option("torch_uvm_1GiB_layers") == "layers"
+    assert L.unit_classes("layers") == ("LlamaDecoderLayer",)
+    assert all(L.units_option(v) in L.UNITS for v in L.CURVE if not v.endswith("GiB"))

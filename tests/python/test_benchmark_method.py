@@ -139,3 +139,4 @@ def test_a_variants_budget_is_read_from_its_name():
     assert method.variant_gib("torch_uvm_in_backward") is None
     assert method.variant_gib("resident") is None
     assert method.variant_gib("torch_uvm_4GiBx") is None
+    assert method.variant_gib("torch_uvm_0.5GiB") == 0.5

@@ -5,6 +5,7 @@ test_gpu_checkpoint.py.)"""
 import json
 import os
 import struct
+import threading
 
 import pytest
 import torch
@@ -180,3 +181,15 @@ def test_the_reader_reads_on_threads_and_reports_the_first_failure(saved, tmp_pa
     with pytest.raises(OSError, match="ended early"):
         reader.close()
     assert len(files) == 2 and all(f.closed for f in files)
+    # the caller failing: the reads not begun are dropped, the rest waited
+    # for, and their own failures not raised over the caller's
+    gate = threading.Event()
+    reader = checkpoint.Reader(threads=1)
+    reader.submit(bad, torch.empty(5, 5))     # fails on the only thread
+    reader._pool.submit(gate.wait)            # then holds it
+    late = torch.zeros(7, 5, dtype=torch.bfloat16)
+    reader.submit(entries["embed.weight"], late)
+    files = list(reader._files.values())
+    threading.Timer(0.2, gate.set).start()
+    reader.close(failed=True)
+    assert not late.any() and all(f.closed for f in files)

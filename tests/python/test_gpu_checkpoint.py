@@ -5,11 +5,13 @@ with the values, ties and undo of a model loaded the usual way; bad input
 is refused before anything changes. And an offload of a model in managed
 CPU memory (UVM on) gives that memory back to the host."""
 import json
+import sys
 
 import pytest
 import torch
 
 import torch_uvm
+from torch_uvm import checkpoint
 from conftest import gpu, run_python, where
 from offload_helpers import undo_leftover_offloads
 
@@ -103,6 +105,57 @@ def test_bad_checkpoints_are_refused_before_anything_changes(saved, tmp_path):
     assert torch.equal(model.mid.bias.cpu(), ref.mid.bias.cpu())
 
 
+@pytest.mark.parametrize("failing", ["a read", "pinning a home"])
+def test_an_offload_failing_part_way_through_its_checkpoint_changes_nothing(saved, monkeypatch,
+                                                                              failing):
+    ref, path = saved
+    with torch.device("meta"):
+        model = Tied()
+    offload_module = sys.modules["torch_uvm.offload"]
+    calls = []
+    if failing == "a read":                  # on a reader thread, after homes were pinned
+        real = checkpoint._read
+
+        def read(entry, out, f):
+            calls.append(entry.name)
+            if entry.name == "mid.weight":
+                raise OSError("the disk failed")
+            real(entry, out, f)
+        monkeypatch.setattr(checkpoint, "_read", read)
+        error = OSError
+    else:                                     # the host cannot pin the third home
+        real = offload_module._C.empty_pinned_home
+
+        def pin(like, device):
+            calls.append(tuple(like.shape))
+            if len(calls) == 3:
+                raise torch.OutOfMemoryError("no pinned memory left")
+            return real(like, device)
+        monkeypatch.setattr(offload_module._C, "empty_pinned_home", pin)
+        error = torch.OutOfMemoryError
+    with pytest.raises(error):
+        torch_uvm.offload(model, budget=2 * MiB, device="cuda", checkpoint=path)
+    assert len(calls) >= 3, calls                            # it failed part-way
+    monkeypatch.undo()
+    assert getattr(model, "_torch_uvm_offloaded", None) is None
+    assert all(t.is_meta for t in model.state_dict().values())
+    # nothing held: the whole budget is free again, and the offload succeeds
+    torch_uvm.offload(model, budget=2 * MiB, device="cuda", checkpoint=path)
+    for name, t in model.state_dict().items():
+        assert torch.equal(t.cpu(), ref.state_dict()[name]), name
+
+
+def test_a_checkpoint_of_another_dtype_is_cast_into_the_homes(saved, monkeypatch):
+    ref, path = saved                                         # float32
+    monkeypatch.setattr(checkpoint, "CHUNK", 4096)            # several chunks a tensor
+    with torch.device("meta"):
+        model = Tied().to(torch.bfloat16)
+    torch_uvm.offload(model, budget=2 * MiB, device="cuda", checkpoint=path)
+    for name, t in model.state_dict().items():
+        assert t.dtype == torch.bfloat16, name
+        assert torch.equal(t.cpu(), ref.state_dict()[name].to(torch.bfloat16)), name
+
+
 def test_a_hugging_face_model_folder_generates_as_from_pretrained(tmp_path):
     transformers = pytest.importorskip("transformers")
     accelerate = pytest.importorskip("accelerate")
@@ -165,7 +218,7 @@ def test_the_host_holds_the_weights_once_while_their_homes_fill(tmp_path):
 
 
 MANAGED_GIVEN_BACK = """
-    import json, torch, torch_uvm
+    import json, sys, torch, torch_uvm
     torch_uvm.set_enabled_uvm(True)
     MiB = 1 << 20
 
@@ -178,15 +231,30 @@ MANAGED_GIVEN_BACK = """
     m = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(24)])   # managed, CPU
     weights = sum(p.nbytes for p in m.parameters())
     assert torch_uvm.is_managed(m[0].weight)
+    sys.modules["torch_uvm.offload"].RELEASE_EVERY = 32 * MiB    # given back each 32 MiB
+    path = {path!r}
+    if path:                                 # their values read from a file instead
+        from safetensors.torch import save_file
+        save_file(m.state_dict(), path)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")                         # VmHWM, the peak, from here
     before = status("VmRSS")
-    torch_uvm.offload(m, budget=64 * MiB, device="cuda")
-    print(json.dumps({{"weights": weights, "grew": status("VmRSS") - before}}))
+    torch_uvm.offload(m, budget=64 * MiB, device="cuda", checkpoint=path or None)
+    print(json.dumps({{"weights": weights, "grew": status("VmRSS") - before,
+                      "peak": status("VmHWM") - before}}))
 """
 
 
-def test_an_offload_of_managed_cpu_weights_gives_their_memory_back_to_the_host():
-    p = run_python(MANAGED_GIVEN_BACK.format())
+@pytest.mark.parametrize("from_checkpoint", [False, True])
+def test_an_offload_of_managed_cpu_weights_gives_their_memory_back_to_the_host(tmp_path,
+                                                                               from_checkpoint):
+    path = str(tmp_path / "m.safetensors") if from_checkpoint else ""
+    p = run_python(MANAGED_GIVEN_BACK.format(path=path))
     assert p.returncode == 0, p.stderr
     got = json.loads(p.stdout.strip().splitlines()[-1])
-    # the homes replace the managed weights: the process holds them once
+    # the homes replace the managed weights: the process holds them once at
+    # the end, and all along where the originals go as their homes fill (a
+    # checkpoint's are kept until every read is done: the offload may fail)
     assert got["grew"] < 0.25 * got["weights"], got
+    if not from_checkpoint:
+        assert got["peak"] < 0.25 * got["weights"], got

@@ -47,7 +47,7 @@ def train(model, optimizer, batches, evaluate=None):
     return losses, seen
 
 
-def both(uvm, build, loop, budget, make_optimizer=None, in_backward=False):
+def both(uvm, build, loop, budget, make_optimizer=None, in_backward=False, **offload_kwargs):
     """`loop(model, optimizer)` on `build()` all resident, then offloaded
     under `budget` with a streamed optimizer: their results and weights must
     be equal bit for bit, and the share's books within the budget. Returns
@@ -56,7 +56,7 @@ def both(uvm, build, loop, budget, make_optimizer=None, in_backward=False):
     reference = build().cuda()
     want = loop(reference, make_optimizer(reference))
     model = build()
-    handle = uvm.offload(model, budget=budget)
+    handle = uvm.offload(model, budget=budget, **offload_kwargs)
     optimizer = handle.stream_optimizer(make_optimizer(model), step_in_backward=in_backward)
     got = loop(model, optimizer)
     torch.cuda.synchronize()
@@ -349,6 +349,27 @@ def test_a_frozen_base_keeps_more_of_itself_resident(uvm):
     assert len(resident) >= 8
     assert all(where(u.module.weight) == "gpu" for u in resident)    # by the driver
     assert handle.least_budget() < 9 * MiB
+
+
+@in_backward
+def test_an_adapter_streams_with_its_base_as_one_unit(uvm, in_backward):
+    """units=Adapted: each block's frozen base and its adapter are one unit,
+    brought whole (16 units where there were 48, two of every three a tiny
+    adapter's), and train as all resident does."""
+    batches = data(3)
+    handle = both(uvm, adapted, lambda m, o: train(m, o, batches), budget=16 * MiB,
+                  in_backward=in_backward, units=Adapted)
+    assert [u.name for u in handle.units] == [str(i) for i in range(16)]
+    block = handle.module[3]
+    assert handle.units[3].module is block
+    assert handle.units[3].members == [block.base, block.down, block.up]
+    assert handle.units[3].trainable == [block.down.weight, block.up.weight]
+    # the least budget: two whole blocks streaming, and a block's adapters' step
+    assert handle.least_budget() > 2 * block.base.weight.nbytes
+    handle.undo()
+    # two bases fit 8.1 MiB, two whole blocks do not: sized by the unit
+    with pytest.raises(ValueError, match=r"cannot stream submodule '0' .* stream smaller units"):
+        uvm.offload(adapted(), budget=int(8.1 * MiB), units=Adapted)
 
 
 def test_parameters_unfrozen_between_steps_train_from_then_on(uvm):

@@ -1,0 +1,140 @@
+"""What an offload streams as one: its units. A unit is brought, run and let
+go as a whole, with hooks on one module (its root) and the tensors of its
+members (the modules whose own parameters and buffers it holds).
+
+By default every submodule with tensors of its own is a unit: a Linear, a
+norm, an embedding. `offload(..., units=...)` names the modules that stream
+as one with everything below them instead, as FSDP2 users wrap a decoder
+layer in fully_shard or accelerate keeps ``no_split_module_classes``
+together: fewer, larger units, each brought ahead whole (LoRA's adapters
+with their base weight, say, rather than three units of which two are
+tiny)."""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Tuple
+
+import torch
+
+from .residency import _span_bytes
+
+
+class _Unit:
+    """A module (the root) whose members' own parameters and buffers
+    stream as one."""
+    __slots__ = ("name", "module", "members", "targets", "params", "trainable", "index",
+                 "grads_expected", "grads_seen", "stepped")
+
+    def __init__(self, name: str, module: torch.nn.Module, targets: List[torch.Tensor]):
+        self.name, self.module, self.targets = name, module, targets
+        self.members: List[torch.nn.Module] = []        # whose own tensors it holds
+        self.params: List[torch.nn.Parameter] = []      # whose gradients it streams, if any
+        self.trainable: List[torch.nn.Parameter] = []   # those that require grad now
+        self.index = -1                                  # in the executor
+        self.grads_expected = self.grads_seen = 0
+        self.stepped = False                             # in this backward
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_span_bytes(t) for t in {id(t): t for t in self.targets}.values())
+
+    @property
+    def trainable_bytes(self) -> int:
+        return sum(_span_bytes(p) for p in self.trainable)
+
+
+def direct_tensors(module: torch.nn.Module):
+    """(name, tensor, "param" or "buffer") of the module's own tensors."""
+    for name, p in module._parameters.items():
+        if p is not None:
+            yield name, p, "param"
+    for name, b in module._buffers.items():
+        if b is not None:
+            yield name, b, "buffer"
+
+
+def offload_plan(module: torch.nn.Module) -> list:
+    """(name, submodule, its own tensors as (name, tensor, kind), their
+    bytes) for each submodule that has tensors of its own."""
+    plan = []
+    for name, m in module.named_modules():
+        own = list(direct_tensors(m))
+        if own:
+            nbytes = sum(_span_bytes(t) for _, t, _ in own)
+            plan.append((name or type(m).__name__, m, own, nbytes))
+    return plan
+
+
+def unit_matcher(units) -> Callable[[torch.nn.Module], bool]:
+    """offload's `units=` as a test of a module: module classes (one, or a
+    list, tuple or set of them), class names (as Hugging Face models list
+    theirs in ``_no_split_modules``), or a function of a module."""
+    if isinstance(units, type):
+        units = (units,)
+    if isinstance(units, str):
+        units = (units,)
+    if isinstance(units, (list, tuple, set, frozenset)) and units and \
+            all(isinstance(u, (type, str)) for u in units):
+        classes = tuple(u for u in units if isinstance(u, type))
+        names = {u for u in units if isinstance(u, str)}
+        return lambda m: isinstance(m, classes) or type(m).__name__ in names
+    if callable(units) and not isinstance(units, (list, tuple, set, frozenset)):
+        return lambda m: bool(units(m))
+    raise TypeError(f"torch_uvm: units= takes module classes, their names (as a model's "
+                    f"_no_split_modules lists them) or a function of a module, got {units!r}")
+
+
+def unit_roots(module: torch.nn.Module, units=None) -> Dict[int, Tuple[str, torch.nn.Module]]:
+    """id(submodule) -> (name, root) of the unit its own tensors stream in:
+    the outermost module above it (or itself) that `units` matches, else
+    itself. A submodule in two places streams in its first place's unit.
+    Refuses `units` that match no submodule holding tensors, by name."""
+    match = None if units is None else unit_matcher(units)
+    roots: Dict[int, Tuple[str, torch.nn.Module]] = {}
+
+    def walk(m: torch.nn.Module, name: str, root):
+        if id(m) in roots:
+            return
+        if root is None and match is not None and match(m):
+            root = (name or type(m).__name__, m)
+        roots[id(m)] = root or (name or type(m).__name__, m)
+        for child, sub in m.named_children():
+            walk(sub, f"{name}.{child}" if name else child, root)
+    walk(module, "", None)
+    if match is not None and not any(
+            match(m) and any(True for s in m.modules() for _ in direct_tensors(s))
+            for m in module.modules()):
+        raise ValueError(f"torch_uvm: units={units!r} matches no submodule of "
+                         f"{type(module).__name__} that holds parameters or buffers; its "
+                         f"submodules' classes include "
+                         f"{sorted({type(m).__name__ for m in module.modules()})[:8]}")
+    return roots
+
+
+def largest_unit(plan, roots) -> Tuple[str, int]:
+    """The name and bytes of the largest unit (a tensor it holds twice
+    counted once): the window streaming needs is sized by it."""
+    held: Dict[int, Tuple[str, Dict[int, int]]] = {}
+    for _, m, own, _ in plan:
+        name, root = roots[id(m)]
+        tensors = held.setdefault(id(root), (name, {}))[1]
+        for _, t, _ in own:
+            tensors[id(t)] = _span_bytes(t)
+    return max(((name, sum(t.values())) for name, t in held.values()), key=lambda x: x[1])
+
+
+def make_units(plan, roots, shared: Dict[int, torch.Tensor]) -> List[_Unit]:
+    """One unit per root, in the plan's order, its targets the replacements
+    (`shared`) of its members' tensors, each once (a tied tensor is a
+    target of every unit that holds it)."""
+    units: Dict[int, _Unit] = {}
+    for _, m, own, _ in plan:
+        name, root = roots[id(m)]
+        u = units.get(id(root))
+        if u is None:
+            u = units[id(root)] = _Unit(name, root, [])
+        u.members.append(m)
+        for _, t, _ in own:
+            seen = shared[id(t)]
+            if seen.numel() > 0 and all(x is not seen for x in u.targets):
+                u.targets.append(seen)
+    return list(units.values())
