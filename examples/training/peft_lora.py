@@ -3,17 +3,21 @@ on every attention and MLP projection) within 16 MiB of the GPU, with a
 learning-rate schedule.
 
 ``get_peft_model`` freezes the base; the whole PEFT model is offloaded and
-the optimizer made over its trainable parameters. Frozen weights need no
-room for gradients or optimizer states, so the budget is below what
-training every weight would need (5 x 4 MiB): it holds the window of two
-frozen MLP weights (2 x 4 MiB) and an adapter's gradients and states. The
-scheduler wraps the streamed optimizer's ``step``.
+the optimizer made over its trainable parameters. Each LoRA layer (a base
+weight and its two adapters) streams as one unit (``units=[LoraLayer]``):
+the next base weight comes with its adapters, while this one computes.
+Frozen weights need no room for gradients or optimizer states, so the
+budget is below what training every weight would need (5 x 4 MiB): it
+holds the window of two MLP LoRA layers (2 x 4 MiB and their adapters) and
+an adapter's gradients and states. The scheduler wraps the streamed
+optimizer's ``step``.
 
     python examples/training/peft_lora.py
 """
 import _common
 import torch
 from peft import LoraConfig, get_peft_model
+from peft.tuners.lora import LoraLayer
 from transformers import GPT2Config, GPT2LMHeadModel, get_cosine_schedule_with_warmup
 
 import torch_uvm
@@ -31,7 +35,7 @@ def train(offload: bool) -> dict:
                       target_modules=["c_attn", "c_proj", "c_fc"], task_type="CAUSAL_LM")
     model = get_peft_model(GPT2LMHeadModel(config), lora)
     if offload:
-        handle = torch_uvm.offload(model, budget=BUDGET)
+        handle = torch_uvm.offload(model, budget=BUDGET, units=[LoraLayer])
     else:
         handle = None
         model.cuda()
