@@ -448,10 +448,14 @@ def least_step_s(weights: int, budget: int, h2d: float, d2h: float,
     least_training_bytes counts only the link, as if the host stepped for
     free; here the weights the host steps take `host_bytes_per_s` (weight
     bytes, host_adamw_rate x 4), the link both ways at once, and
-    `compute_s` (all resident's step) bounds it too. Each weight byte is
-    placed one of the PLACEMENTS ways; the best mix under `budget` is a
-    linear program (scipy's linprog). Returns the seconds and the mix's
-    bytes per placement."""
+    `compute_s` bounds it too (the GPU's forward and backward alone: a
+    step that includes a GPU AdamW is no floor for a host step). Each
+    weight byte is placed one of the PLACEMENTS ways; the best mix under
+    `budget` is a linear program (scipy's linprog). Returns the seconds and
+    the mix's bytes per placement. As in least_training_bytes, the bytes
+    cross in fp32 (a placement sending bf16 casts under autocast moves
+    less), and every streamed weight crosses in both passes (an untied
+    embedding, not read in its backward, need not)."""
     from scipy.optimize import linprog
     names = list(PLACEMENTS)
     cols = [PLACEMENTS[n] for n in names]

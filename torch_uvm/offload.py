@@ -710,14 +710,11 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     # The tensors the module had keep no memory while it is offloaded (those
     # on the GPU give theirs back now); undo() gives them their values again.
     # One that something else holds keeps its own, as it was.
-    # Managed memory goes to torch_uvm's cache as it frees: given back too.
     freed = False
     for i, t in tensors.items():
         if t.numel() > 0 and i not in held:
             freed = freed or _C.is_managed(t)
             t.data = torch.empty(0, dtype=t.dtype, device=t.device)
-    if freed:
-        _C.empty_cache()
     handle = Offloaded(module, device, budget, ahead, mode, units, handles, originals, lease)
     handles.append(module.register_forward_pre_hook(lambda _m, _a: _cast_cache_off(handle)))
     handles.append(module.register_forward_pre_hook(
@@ -735,4 +732,12 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     offload_training.install(handle)
     module._torch_uvm_offloaded = handle
     _LIVE.add(handle)
+    # Managed memory goes to torch_uvm's cache as it frees: given back too
+    # (the offload is done; a failure here only leaves it cached).
+    if freed:
+        try:
+            _C.empty_cache()
+        except RuntimeError as e:
+            warnings.warn(f"torch_uvm: the managed memory the offload freed stays in "
+                          f"torch_uvm's cache ({e}); torch_uvm.empty_cache() gives it back")
     return handle

@@ -83,29 +83,43 @@ def unit_matcher(units) -> Callable[[torch.nn.Module], bool]:
                     f"_no_split_modules lists them) or a function of a module, got {units!r}")
 
 
+def _runs(m: torch.nn.Module) -> bool:
+    """Whether calling `m` runs a forward of its own (a ModuleList's or a
+    ModuleDict's never runs: hooks on it would never fire)."""
+    return type(m).forward is not torch.nn.Module.forward
+
+
 def unit_roots(module: torch.nn.Module, units=None) -> Dict[int, Tuple[str, torch.nn.Module]]:
     """id(submodule) -> (name, root) of the unit its own tensors stream in:
-    the outermost module above it (or itself) that `units` matches, else
-    itself. A submodule in two places streams in its first place's unit.
-    Refuses `units` that match no submodule holding tensors, by name."""
+    the outermost module above it (or itself) that `units` matches and that
+    runs a forward of its own, else itself. A submodule in two places under
+    different roots (or under one and none) streams on its own, as do those
+    below it: the hooks of one root would not see its calls from the other.
+    Refuses `units` that match no such submodule holding tensors, by name."""
     match = None if units is None else unit_matcher(units)
     roots: Dict[int, Tuple[str, torch.nn.Module]] = {}
+    owners: Dict[int, set] = {}           # id(submodule) -> its roots' ids, in every place
+    names: Dict[int, Tuple[str, torch.nn.Module]] = {}   # its first place's name, and it
 
     def walk(m: torch.nn.Module, name: str, root):
-        if id(m) in roots:
-            return
-        if root is None and match is not None and match(m):
+        if root is None and match is not None and _runs(m) and match(m):
             root = (name or type(m).__name__, m)
-        roots[id(m)] = root or (name or type(m).__name__, m)
+        names.setdefault(id(m), (name or type(m).__name__, m))
+        roots.setdefault(id(m), root or names[id(m)])
+        owners.setdefault(id(m), set()).add(None if root is None else id(root[1]))
         for child, sub in m.named_children():
             walk(sub, f"{name}.{child}" if name else child, root)
     walk(module, "", None)
+    for i, places in owners.items():
+        if len(places) > 1:
+            roots[i] = names[i]
     if match is not None and not any(
-            match(m) and any(True for s in m.modules() for _ in direct_tensors(s))
-            for m in module.modules()):
+            r is m for m in module.modules() for r in [roots[id(m)][1]]
+            if _runs(m) and match(m) and any(True for s in m.modules() for _ in direct_tensors(s))):
         raise ValueError(f"torch_uvm: units={units!r} matches no submodule of "
-                         f"{type(module).__name__} that holds parameters or buffers; its "
-                         f"submodules' classes include "
+                         f"{type(module).__name__} that holds parameters or buffers and runs "
+                         f"a forward of its own (a ModuleList's never runs); its submodules' "
+                         f"classes include "
                          f"{sorted({type(m).__name__ for m in module.modules()})[:8]}")
     return roots
 

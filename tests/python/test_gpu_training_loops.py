@@ -372,6 +372,23 @@ def test_an_adapter_streams_with_its_base_as_one_unit(uvm, in_backward):
         uvm.offload(adapted(), budget=int(8.1 * MiB), units=Adapted)
 
 
+def test_a_base_shared_by_two_adapted_blocks_streams_on_its_own(uvm):
+    """units=Adapted where two blocks share one frozen base: neither block's
+    hooks see the base's calls from the other, so the base is a unit of its
+    own (brought and waited for at each call), and the model trains as all
+    resident does."""
+    def build():
+        model = adapted(8)
+        model[5].base = model[2].base
+        return model
+    batches = data(3)
+    handle = both(uvm, build, lambda m, o: train(m, o, batches), budget=16 * MiB, units=Adapted)
+    names = [u.name for u in handle.units]
+    assert "2.base" in names and "2" in names and "5" in names
+    block = handle.module[2]
+    assert handle.units[names.index("2")].members == [block.down, block.up]
+
+
 def test_parameters_unfrozen_between_steps_train_from_then_on(uvm):
     """Progressive unfreezing: the last layer trains first, one more every
     two steps (an optimizer over all of them, made up front while the rest

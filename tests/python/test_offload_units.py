@@ -59,13 +59,27 @@ def test_a_matched_module_streams_with_everything_below_it(units):
     assert made[0].targets[0] is made[3].targets[0]
 
 
-def test_the_outermost_match_wins_and_a_shared_module_streams_in_its_first_place():
+def test_the_outermost_match_wins_and_a_module_in_two_units_streams_on_its_own():
     model = Net()
-    model.blocks[1].proj = model.blocks[0].proj          # one module in two places
     roots = roots_by_name(model, (Block, torch.nn.Linear))
     assert roots["blocks.0.proj"] == "blocks.0"          # the Block, not the Linear in it
     assert roots["head"] == "head"                        # a Linear on its own
+    # one module in two blocks: neither block's hooks see its calls from the other
+    model.blocks[1].proj = model.blocks[0].proj
+    roots = unit_roots(model, Block)
+    assert roots[id(model.blocks[0].proj)] == ("blocks.0.proj", model.blocks[0].proj)
+    assert roots[id(model.blocks[1].norm)][0] == "blocks.1"
+    # the same block in two places is one unit, its own root in both
+    model.blocks[1] = model.blocks[0]
     assert unit_roots(model, Block)[id(model.blocks[0].proj)][0] == "blocks.0"
+
+
+def test_a_container_that_never_runs_is_no_unit():
+    model = Net()                                         # blocks: a ModuleList
+    assert roots_by_name(model, lambda m: isinstance(m, (torch.nn.ModuleList, Block)))[
+        "blocks.0.proj"] == "blocks.0"                    # its Blocks are, not it
+    with pytest.raises(ValueError, match="runs a forward of its own"):
+        unit_roots(model, torch.nn.ModuleList)
 
 
 def test_the_largest_unit_counts_a_tensor_it_holds_twice_once():
@@ -76,9 +90,10 @@ def test_the_largest_unit_counts_a_tensor_it_holds_twice_once():
     block.norm.weight = block.proj.bias                       # (both [8])
     assert largest_unit(offload_plan(block), unit_roots(block, Block)) == \
         ("Block", (8 * 8 + 8 + 8) * 4)                        # the shared one once
-    model.blocks[0].norm.weight = model.blocks[0].proj.bias
-    assert largest_unit(offload_plan(model), unit_roots(model, torch.nn.ModuleList)) == \
-        ("blocks", 2 * (8 * 8 + 8 + 8 + 8) * 4 - 8 * 4)
+    two = torch.nn.Sequential(Block(), Block())
+    two[0].norm.weight = two[0].proj.bias
+    assert largest_unit(offload_plan(two), unit_roots(two, torch.nn.Sequential)) == \
+        ("Sequential", 2 * (8 * 8 + 8 + 8 + 8) * 4 - 8 * 4)
 
 
 def test_bad_units_are_refused_by_name():
@@ -87,7 +102,7 @@ def test_bad_units_are_refused_by_name():
     with pytest.raises(TypeError, match="units= takes"):
         unit_roots(Net(), [])
     with pytest.raises(ValueError, match=r"units=\['DecoderLayer'\] matches no submodule of Net "
-                                         r"that holds parameters or buffers; .*'Block'"):
+                                         r"that holds parameters or buffers and runs a forward of its own .*'Block'"):
         unit_roots(Net(), ["DecoderLayer"])
     with pytest.raises(ValueError, match="matches no submodule"):
         unit_roots(Net(), torch.nn.Dropout)
