@@ -22,8 +22,8 @@ import torch
 
 from . import _C, offload_training
 from . import checkpoint as _checkpoint
-from .offload_units import _Unit, direct_tensors as _direct_tensors, largest_unit, make_units, \
-    offload_plan, unit_roots
+from .offload_units import _Unit, direct_tensors as _direct_tensors, make_units, offload_plan, \
+    unit_roots
 from .residency import _cuda, _end_lease, _open_lease, _span_bytes, get_residency_limit
 
 
@@ -678,11 +678,11 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
                          f"{' ...' if len(meta) > 3 else ''} are on the meta device. Load them "
                          f"first (load_state_dict(..., assign=True) or to_empty + load), or "
                          f"pass their safetensors files as checkpoint=")
-    largest = largest_unit(plan, roots)
-    window = window_bytes("prefetch", False, ahead, largest[1])
+    largest = max(make_units(plan, roots, tensors), key=lambda u: u.nbytes)
+    window = window_bytes("prefetch", False, ahead, largest.nbytes)
     if budget < window and mode != "in_place":
         raise ValueError(f"torch_uvm: a budget of {budget} bytes cannot stream submodule "
-                         f"'{largest[0]}' ({largest[1]} bytes): it needs at least {window} "
+                         f"'{largest.name}' ({largest.nbytes} bytes): it needs at least {window} "
                          f"bytes (ahead + 1 = {ahead + 1} of the largest submodule). Raise "
                          f"the budget, lower ahead, {'stream smaller units, ' if units else ''}"
                          f"or read it in place (mode='in_place')")

@@ -68,9 +68,7 @@ def unit_matcher(units) -> Callable[[torch.nn.Module], bool]:
     """offload's `units=` as a test of a module: module classes (one, or a
     list, tuple or set of them), class names (as Hugging Face models list
     theirs in ``_no_split_modules``), or a function of a module."""
-    if isinstance(units, type):
-        units = (units,)
-    if isinstance(units, str):
+    if isinstance(units, (type, str)):
         units = (units,)
     if isinstance(units, (list, tuple, set, frozenset)) and units and \
             all(isinstance(u, (type, str)) for u in units):
@@ -114,8 +112,8 @@ def unit_roots(module: torch.nn.Module, units=None) -> Dict[int, Tuple[str, torc
         if len(places) > 1:
             roots[i] = names[i]
     if match is not None and not any(
-            r is m for m in module.modules() for r in [roots[id(m)][1]]
-            if _runs(m) and match(m) and any(True for s in m.modules() for _ in direct_tensors(s))):
+            _runs(r) and match(r) for m in module.modules() for r in [roots[id(m)][1]]
+            if any(True for _ in direct_tensors(m))):
         raise ValueError(f"torch_uvm: units={units!r} matches no submodule of "
                          f"{type(module).__name__} that holds parameters or buffers and runs "
                          f"a forward of its own (a ModuleList's never runs); its submodules' "
@@ -124,22 +122,11 @@ def unit_roots(module: torch.nn.Module, units=None) -> Dict[int, Tuple[str, torc
     return roots
 
 
-def largest_unit(plan, roots) -> Tuple[str, int]:
-    """The name and bytes of the largest unit (a tensor it holds twice
-    counted once): the window streaming needs is sized by it."""
-    held: Dict[int, Tuple[str, Dict[int, int]]] = {}
-    for _, m, own, _ in plan:
-        name, root = roots[id(m)]
-        tensors = held.setdefault(id(root), (name, {}))[1]
-        for _, t, _ in own:
-            tensors[id(t)] = _span_bytes(t)
-    return max(((name, sum(t.values())) for name, t in held.values()), key=lambda x: x[1])
-
-
 def make_units(plan, roots, shared: Dict[int, torch.Tensor]) -> List[_Unit]:
     """One unit per root, in the plan's order, its targets the replacements
     (`shared`) of its members' tensors, each once (a tied tensor is a
-    target of every unit that holds it)."""
+    target of every unit that holds it). Given the tensors themselves, the
+    units as they will stream, to size them before anything changes."""
     units: Dict[int, _Unit] = {}
     for _, m, own, _ in plan:
         name, root = roots[id(m)]
