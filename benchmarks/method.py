@@ -187,6 +187,13 @@ def variant_gib(variant: str) -> Optional[float]:
     return int(n) if n.is_integer() else n
 
 
+def variant_host_step(variant: str) -> float:
+    """The share of a variant name's `_host<S>` part (torch_uvm_in_backward_host1,
+    ..._host0.5: stream_optimizer's host_step), or 0 where it has none."""
+    m = re.search(r"_host(\d+(?:\.\d+)?)(?:_|$)", variant)
+    return float(m.group(1)) if m else 0.0
+
+
 def gib_cell(nbytes: Optional[float]) -> str:
     """A table cell of bytes in GiB, or a dash where none were measured."""
     return "—" if nbytes is None else f"{nbytes / (1 << 30):.2f}"

@@ -19,7 +19,9 @@ the anchors, against the link's limit of the step.
     4 x 1024 tokens, under an 8 GiB budget. Tokens per second; target 1.5x
     the least limit. OFFLOAD_TRAIN_TINY=1 runs it at a tiny shape. Its
     opt-in variants: torch_uvm_in_backward_<N>GiB (other budgets, each held
-    to its own limit) and torchtune_single_device, the memory savers users
+    to its own limit), torch_uvm_in_backward_host<S> (stream_optimizer's
+    host_step=S: the last S of the streamed layers step on the host with
+    PyTorch's fused CPU AdamW, as the third limit's placement does) and torchtune_single_device, the memory savers users
     pick instead, rebuilt as torchtune's single-device recipe uses them
     (bf16 weights on the GPU, bitsandbytes' paged 8-bit AdamW stepped in
     backward, activation checkpointing): more memory, other arithmetic.
@@ -60,8 +62,11 @@ rates equal, B < W gives 2 W - B in and W out; W <= B < 3 W gives
 (3 W - B) / 2 each way; both directions at once. The second limit, "with the
 step on the GPU", is torch_uvm's own placement (the resident prefix its plan
 chose, the step in backward on the GPU): streamed weights cross twice to the
-GPU and once home, and every AdamW moment crosses both ways. Rates are the pinned_rate variant's in the
-same round. Beside every figure, the process's GPU memory as the driver
+GPU and once home, and every AdamW moment crosses both ways; for a
+host_step variant, its own placement: the moments of the weights the host
+steps stay home, and the host's fused AdamW takes its time beside the
+link (its column then reads that limit). Rates are the pinned_rate
+variant's in the same round. Beside every figure, the process's GPU memory as the driver
 sees it (method.ProcessGpuMemory), apart from torch_uvm's books.
 """
 import argparse
@@ -94,6 +99,7 @@ PLAN = {
     "gpt2": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload",
              "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory"],
     "llama": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward",
+              "torch_uvm_in_backward_host1", "torch_uvm_in_backward_host0.5",
               "fsdp2_cpu_offload", "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory",
               "torch_uvm_in_backward_3GiB", "torch_uvm_in_backward_4GiB",
               "torchtune_single_device"],
@@ -103,6 +109,14 @@ PLAN = {
 # The same arithmetic as all-resident's: their losses can equal it bit for
 # bit. The others step on the CPU or with their own kernels.
 EXACT = ("resident", "torch_uvm")     # and every torch_uvm variant (a prefix)
+
+
+def exact(variant: str) -> bool:
+    """Whether the variant runs all-resident's arithmetic (a host step is
+    PyTorch's fused CPU AdamW: not)."""
+    return variant.startswith(EXACT) and not method.variant_host_step(variant)
+
+
 # Hold more than the budget on the GPU (the weights at least).
 MORE_MEMORY = ("torchao_cpu_offload", "bnb_paged_adamw", "deepspeed_zero2_offload_more_memory",
                "torchtune_single_device")
@@ -296,7 +310,8 @@ def measure(scenario, variant):
     elif uvm:
         handle = torch_uvm.offload(model, budget=budget(scenario, variant), device="cuda")
         optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True),
-                                            step_in_backward="in_backward" in variant)
+                                            step_in_backward="in_backward" in variant,
+                                            host_step=method.variant_host_step(variant))
     elif variant == "fsdp2_cpu_offload":
         model = fsdp2(model)
         # the parameters are pinned CPU DTensors: fused=True is PyTorch's
@@ -377,6 +392,7 @@ def measure(scenario, variant):
         extra["units_in_order"] = [u.name for u in handle.units_in_order()]
         n = conf["steps"] - 1
         resident = handle.resident_units()
+        extra["host_stepped_bytes"] = sum(u.trainable_bytes for u in handle.host_stepped_units())
         extra.update({"peak_resident_bytes": after["resident_bytes.peak"],
                  "resident_units": len(resident), "units": len(handle.units),
                  "resident_weight_bytes": sum(u.nbytes for u in resident),
@@ -403,16 +419,22 @@ ON_GPU = "with the step on the GPU"
 HOST = "the least any placement takes on this host"
 
 
-def link_limit(weights: int, resident: int, h2d: float, d2h: float) -> dict:
-    """The second limit, with the step on the GPU: the step's bytes each way
-    for torch_uvm's placement with the step in backward, and the seconds
-    they take at the pinned rates (bytes/s), both ways at once."""
+def link_limit(weights: int, resident: int, h2d: float, d2h: float, host: int = 0,
+               host_elements_per_s: Optional[float] = None) -> dict:
+    """The second limit, torch_uvm's placement: the step's bytes each way
+    with the step in backward, and the seconds they take at the pinned
+    rates (bytes/s), both ways at once. `host` of the streamed weight bytes
+    step on the host (host_step): their moments stay there (their gradients
+    go home where a GPU step's weights do), and the host's fused AdamW
+    takes them at `host_elements_per_s`, beside the link."""
     streamed = weights - resident
-    moments = 2 * weights                        # AdamW: two fp32 moments per weight
+    moments = 2 * (weights - host)               # AdamW: two fp32 moments per GPU-stepped weight
     to_gpu = 2 * streamed + moments
     home = streamed + moments
+    host_s = host / 4 / host_elements_per_s if host and host_elements_per_s else 0.0
     return {"to_gpu_bytes": to_gpu, "home_bytes": home, "h2d_gbps": h2d / 1e9,
-            "d2h_gbps": d2h / 1e9, "seconds": max(to_gpu / h2d, home / d2h)}
+            "d2h_gbps": d2h / 1e9, "host_step_bytes": host, "host_step_s": host_s,
+            "seconds": max(to_gpu / h2d, home / d2h, host_s)}
 
 
 def least_limit(weights: int, budget: int, h2d: float, d2h: float) -> dict:
@@ -423,6 +445,14 @@ def least_limit(weights: int, budget: int, h2d: float, d2h: float) -> dict:
             "seconds": method.least_training_limit_s(weights, budget, h2d, d2h)}
 
 
+def host_rate(runs) -> Optional[float]:
+    """The host's fused CPU AdamW, fp32 elements a second, as pinned_rate
+    measured it (the median of its rounds), or None."""
+    return method.median_of([r for r in runs.get("pinned_rate", [])
+                             if r and "host_adamw_elements_per_s" in r],
+                            "host_adamw_elements_per_s", None)
+
+
 def host_limit(weights: int, budget_bytes: int, h2d: float, d2h: float, runs) -> Optional[dict]:
     """The third limit, the least any placement takes with this host
     (method.least_step_s): the link's bytes as in the first, and the
@@ -431,9 +461,7 @@ def host_limit(weights: int, budget_bytes: int, h2d: float, d2h: float, runs) ->
     a GPU AdamW that a host step skips, so it is no floor), nor bf16 casts
     crossing in place of fp32 weights (as in the first). None where
     pinned_rate did not measure the host."""
-    rate = method.median_of([r for r in runs.get("pinned_rate", [])
-                             if r and "host_adamw_elements_per_s" in r],
-                            "host_adamw_elements_per_s", None)
+    rate = host_rate(runs)
     if not rate:
         return None
     found = method.least_step_s(weights, budget_bytes, h2d, d2h, 4 * rate)
@@ -502,7 +530,8 @@ def report(scenario, runs, rounds):
               + ", ".join(f"{n} {b / GiB:.2f} GiB" for n, b in host["mix_bytes"].items()))
     unit = "tokens/s" if scenario in TOKENS else "s / step"
     print(f"| variant | {unit} (median of rounds; min-max) | x the link limit ({LEAST}) | "
-          f"x the link limit {ON_GPU} | x {HOST} | losses = all resident | "
+          f"x the link limit {ON_GPU} (a host_step variant: its own placement's) | x {HOST} | "
+          "losses = all resident | "
           "process GPU memory (peak, mem_get_info) | to GPU / home per step (torch_uvm) | "
           "max_memory_allocated (torch_uvm: + its slots' reserved peak) | host peak, GiB |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -531,6 +560,10 @@ def report(scenario, runs, rounds):
             own_host = host_limit(ok[-1]["weights_bytes"], budget(scenario, v), h, d, runs)
             own_on_gpu = link_limit(ok[-1]["weights_bytes"], ok[-1]["resident_weight_bytes"],
                                     h, d) if "resident_weight_bytes" in ok[-1] else None
+        if least and ok[-1].get("host_stepped_bytes"):     # its own placement, the host's part in
+            h, d = least["h2d_gbps"] * 1e9, least["d2h_gbps"] * 1e9
+            own_on_gpu = link_limit(ok[-1]["weights_bytes"], ok[-1]["resident_weight_bytes"],
+                                    h, d, ok[-1]["host_stepped_bytes"], host_rate(runs))
         x_least = secs["median"] / own_least["seconds"] if own_least and bounded else None
         x_on_gpu = secs["median"] / own_on_gpu["seconds"] if own_on_gpu and bounded else None
         x_host = secs["median"] / own_host["seconds"] if own_host and bounded else None
@@ -542,6 +575,7 @@ def report(scenario, runs, rounds):
         table[v] = {**{k: ok[-1][k] for k in ok[-1] if k not in ("losses", "process_gpu_memory")},
                     "value": t, "s_per_step": secs, "x_link_limit": x_least,
                     "x_link_limit_with_step_on_gpu": x_on_gpu, "x_least_on_this_host": x_host,
+                    "own_placement_limit": own_on_gpu,
                     "least_on_this_host_s": own_host["seconds"] if own_host else None,
                     "same_losses": check["same"],
                     "link_limit_s": own_least["seconds"] if own_least else None,
@@ -553,7 +587,7 @@ def report(scenario, runs, rounds):
               f"{'—' if x_least is None else f'{x_least:.2f}'} | "
               f"{'—' if x_on_gpu is None else f'{x_on_gpu:.2f}'} | "
               f"{'—' if x_host is None else f'{x_host:.2f}'} | "
-              f"{method.describe_check(check, exact=v.startswith(EXACT))} | "
+              f"{method.describe_check(check, exact=exact(v))} | "
               f"{method.gpu_memory_cell(gpu)} | {moved} | "
               f"{ok[-1]['max_memory_allocated'] / GiB:.2f} GiB"
               + (f" + {ok[-1]['slot_bytes_peak'] / GiB:.2f} GiB |" if "slot_bytes_peak" in ok[-1]
@@ -607,7 +641,12 @@ def main():
             if lim["host"]:
                 compared[f"({s}) {v}, s per step / {HOST}"] = method.ratio(
                     metric(v), lim["host_s"], target=1.5 if s == "llama" else None)
-            if lim["on_gpu"]:
+            own = table.get(v, {}).get("own_placement_limit")
+            if method.variant_host_step(v) and own:      # at the median rates
+                compared[f"({s}) {v}, s per step / its placement's limit (the host's step "
+                         f"beside the link)"] = method.ratio(
+                    metric(v), [own["seconds"]] * args.rounds, target=2.0)
+            elif lim["on_gpu"]:
                 compared[f"({s}) {v}, s per step / link limit {ON_GPU} "
                          f"(torch_uvm's placement)"] = method.ratio(
                     metric(v), lim["on_gpu_s"], target=2.0)

@@ -68,6 +68,7 @@ ACTIVATIONS = "tests/python/test_gpu_activations.py::"
 PROFILE = "tests/python/test_gpu_profile.py::"
 LOOPS = "tests/python/test_gpu_training_loops.py::"
 CHECKPOINT = "tests/python/test_gpu_checkpoint.py::"
+HOST_STEP = "tests/python/test_gpu_host_step.py::"
 
 # (name, file, text, replacement, tests that must fail). A test named
 # "core:Suite.Test" is a GoogleTest of the host-runtime build (build/core_tests,
@@ -254,6 +255,24 @@ MUTANTS = [
      "    largest = max(make_units(plan, roots, tensors), key=lambda u: u.nbytes)",
      "    largest = max(make_units(plan, unit_roots(module), tensors), key=lambda u: u.nbytes)",
      [LOOPS + "test_an_adapter_streams_with_its_base_as_one_unit"]),
+    # host_step= (host_step.py)
+    ("host_step= is ignored: every submodule steps on the GPU", "torch_uvm/host_step.py",
+     "    if not handle.host_step or not handle.learned:", "    if True:",
+     [HOST_STEP + "test_a_host_step_gives_a_fused_cpu_steps_weights_and_keeps_its_moments_home"]),
+    ("a host-stepped submodule's weights stay in their slot", "torch_uvm/host_step.py",
+     "        executor.evict_unit(unit.index)\n", "",
+     [HOST_STEP + "test_a_host_step_gives_a_fused_cpu_steps_weights_and_keeps_its_moments_home"]),
+    ("a host step does not wait for its gradients' copy home", "torch_uvm/host_step.py",
+     "        for event in ready:\n            event.synchronize()\n", "",
+     [HOST_STEP + "test_a_host_step_waits_for_its_gradients_copy_home"]),
+    ("optimizer.step() returns before the host's steps are done",
+     "torch_uvm/offload_training.py",
+     "            handle._host.wait()       # as torch.optim promises", "            pass",
+     [HOST_STEP + "test_step_returns_with_every_host_step_done"]),
+    ("the host steps AdamW with Adam's weight decay", "torch_uvm/host_step.py",
+     "decoupled_weight_decay=group.get(\"decoupled_weight_decay\", decoupled))",
+     "decoupled_weight_decay=False)",
+     ["tests/python/test_host_step.py::test_the_host_steps_arithmetic_is_the_fused_cpu_optimizers"]),
     ("a dropped offload keeps its share", "torch_uvm/offload.py",
      "weakref.finalize(self, _end_lease, lease)", "weakref.finalize(self, len, [lease])",
      [OFFLOAD + "test_an_offload_dropped_without_undo_gives_back_what_it_held"]),

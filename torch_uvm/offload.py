@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from . import _C, offload_training
+from . import host_step as host_step_module
 from . import checkpoint as _checkpoint
 from .offload_units import _Unit, direct_tensors as _direct_tensors, make_units, offload_plan, \
     unit_roots
@@ -132,6 +133,8 @@ class Offloaded:
         self._finalizer = weakref.finalize(self, _end_lease, lease)
         self._finalizer.atexit = False
         self._optimizers: List[tuple] = []   # (optimizer, its own step)
+        self.host_step = 0.0                 # the share of streamed units stepped on the host
+        self._host = host_step_module.HostSteps(device)
         self._backward = offload_training.BackwardState()
         self._final_stats = None             # residency_stats() when undone
         self._param_ids: set = set()         # the streamed parameters' ids (install)
@@ -144,6 +147,12 @@ class Offloaded:
     def resident_units(self) -> List[_Unit]:
         """The submodules that stay on the GPU (after the first forward)."""
         return [u for u in self.units if self.learned and self.executor.resident(u.index)]
+
+    def host_stepped_units(self) -> List[_Unit]:
+        """The submodules whose weights step on the host now
+        (stream_optimizer's host_step), the last in the forward's order
+        first; none before the first forward plans."""
+        return host_step_module.choose(self)
 
     def units_in_order(self) -> List[_Unit]:
         """The submodules in the order the first forward ran them."""
@@ -184,6 +193,7 @@ class Offloaded:
         training = torch.is_grad_enabled()
         if training:
             offload_training.follow_trainable(self)
+        self._host.wait()         # host steps not yet waited for (no optimizer.step() since)
         executor = self.executor
         if executor is not None:
             offload_training.end_failed_backward(self)
@@ -261,7 +271,8 @@ class Offloaded:
         executor.end_pass()
 
     def stream_optimizer(self, optimizer: torch.optim.Optimizer,
-                         step_in_backward: bool = False) -> torch.optim.Optimizer:
+                         step_in_backward: bool = False,
+                         host_step: float = 0.0) -> torch.optim.Optimizer:
         """Make `optimizer.step()` step one submodule at a time within the
         budget: its weights, gradients and states are brought to the GPU,
         the optimizer's own step runs on them, and what it wrote goes home
@@ -280,9 +291,26 @@ class Offloaded:
         clipping by global norm, no accumulation over several backwards:
         use the default for those). Not with data parallelism (DDP): a
         submodule would step on this rank's own gradients before they are
-        averaged; a warning says so."""
+        averaged; a warning says so.
+
+        `host_step`: the share (0 to 1) of the streamed submodules'
+        trainable bytes that step on the host, the last in the forward's
+        order first (host_step.py): their gradients go home, PyTorch's fused
+        CPU Adam/AdamW steps their weights in their homes while the GPU runs
+        the rest, and their moments never cross the link. For Adam and
+        AdamW; the link then moves 12 bytes a fp32 parameter for them where
+        a step on the GPU moves 28, and the host's step takes its time
+        beside the GPU's: the best share makes the two take as long (the
+        benchmarks' ``least_step_s`` finds it for a host and link).
+        ``optimizer.step()`` returns with every weight stepped."""
         offload_training.check_optimizer(
             self, optimizer, [h for h in list(_LIVE) if h is not self])
+        share = host_step_module.check(optimizer, host_step)
+        if share and self.host_step and share != self.host_step:
+            raise ValueError(
+                f"torch_uvm: this offload steps {self.host_step} of its streamed submodules on "
+                f"the host for another optimizer; every optimizer of one offload takes the same "
+                f"host_step (got {host_step})")
         if step_in_backward and torch.distributed.is_available() and \
                 torch.distributed.is_initialized():
             warnings.warn(
@@ -293,6 +321,7 @@ class Offloaded:
         own = optimizer.step
         self._optimizers.append((optimizer, own))
         self.step_in_backward = bool(step_in_backward)
+        self.host_step = share or self.host_step
         offload_training.keep_states_home(self, optimizer)
         # a method, as LR schedulers expect of optimizer.step
         optimizer.step = types.MethodType(
@@ -323,6 +352,7 @@ class Offloaded:
         """undo(); `to_cpu`: every tensor back on the CPU (module.cpu())."""
         if self._final_stats is not None:
             return
+        self._host.wait()                     # the homes are written no more
         if self.executor is not None:
             self.executor.evict_all()
             self.executor.end_pass()

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Dict, List
 import torch
 from torch.utils._pytree import tree_leaves
 
-from . import _C
+from . import _C, host_step
 
 if TYPE_CHECKING:
     from .offload import Offloaded
@@ -56,13 +56,14 @@ _STEPPED: "weakref.WeakKeyDictionary[torch.optim.Optimizer, set]" = weakref.Weak
 
 class BackwardState:
     """What one offload knows of the backward under way."""
-    __slots__ = ("active", "frozen_running", "stepped_since_step", "step_stream")
+    __slots__ = ("active", "frozen_running", "stepped_since_step", "step_stream", "on_host")
 
     def __init__(self):
         self.active = False           # a backward runs: its end is queued
         self.frozen_running: List["_Unit"] = []   # brought, no gradient will release them
         self.stepped_since_step = False           # step_in_backward stepped, step() not called
         self.step_stream = None       # step_in_backward's steps run on it (made when first needed)
+        self.on_host: set = set()     # the indices of the units that step on the host (host_step)
 
 
 def _raise_with_note(e: BaseException, note: str):
@@ -142,6 +143,7 @@ def before_backward(handle: "Offloaded", unit: "_Unit") -> None:
                 "optimizer.step() after every backward; to accumulate gradients over several, "
                 "use stream_optimizer(optimizer, step_in_backward=False)")
         state.active = True
+        state.on_host = {u.index for u in host_step.choose(handle)}
         ref = weakref.ref(handle)
         torch.autograd.Variable._execution_engine.queue_callback(lambda: _end_backward(ref))
     executor = handle.executor
@@ -167,11 +169,21 @@ def _on_grad(ref: "weakref.ref[Offloaded]", i: int) -> None:
 
 def _grads_complete(handle: "Offloaded", unit: "_Unit") -> None:
     executor = handle.executor
+    state = handle._backward
     if not handle.step_in_backward or not handle._optimizers:
         executor.grads_ready(unit.index, True)
         return
+    if unit.index in state.on_host:
+        # home without the backward waiting for the copy; if the host cannot
+        # take it now, optimizer.step() steps it
+        executor.grads_ready(unit.index, True, False)
+        if handle._host.submit(handle, unit, after_compute=False):
+            for p in unit.trainable:
+                p.grad = None
+            unit.stepped = True
+            state.stepped_since_step = True
+        return
     executor.grads_ready(unit.index, False)
-    state = handle._backward
     if state.step_stream is None:
         state.step_stream = torch.cuda.Stream(handle.device)
     state.step_stream.wait_stream(torch.cuda.current_stream(handle.device))
@@ -366,6 +378,7 @@ def keep_states_home(handle: "Offloaded", optimizer: torch.optim.Optimizer) -> N
         # their homes' memory, those in a slot (within the budget) copied.
         # Loaded without map_location (as Lightning does), they land in
         # host memory, not all on the GPU at once. The live states stay.
+        handle._host.wait()                      # the host's steps are done
         torch.cuda.synchronize(handle.device)    # the copies home have passed
         params = [p for g in opt.param_groups for p in g["params"]]
         saved = [i for g in state_dict["param_groups"] for i in g["params"]]
@@ -428,6 +441,8 @@ def _step_unit(handle: "Offloaded", optimizer, own, unit: "_Unit", with_grads: b
     stepped = _STEPPED.setdefault(optimizer, set())
     fresh = sum(p.nbytes for p in params if id(p) not in stepped and not optimizer.state.get(p))
     executor.bring(params + held + before, FIRST_STATES * fresh)
+    if handle.host_step:
+        host_step.steps_to_gpu(optimizer, params)
     try:
         _own_step(optimizer, own, ids, kwargs or {})
         stepped.update(id(p) for p in params)
@@ -455,6 +470,10 @@ def step(handle: "Offloaded", optimizer: torch.optim.Optimizer, original_step,
     handle.executor.step_begins()     # the gradients as the compute stream left them
     stepped: List[str] = []
     try:
+        for u in host_step.choose(handle):   # the host steps them while the GPU steps the rest
+            if not u.stepped and handle._host.submit(handle, u, after_compute=True):
+                u.stepped = True
+                stepped.append(u.name)
         for u in handle.units_in_order():
             if u.stepped:
                 continue
@@ -471,14 +490,18 @@ def step(handle: "Offloaded", optimizer: torch.optim.Optimizer, original_step,
         if plain:
             _own_step(optimizer, original_step, plain, kwargs)
     finally:
-        for u in handle.units:
-            u.stepped = False
-        handle._backward.stepped_since_step = False
-        handle.executor.end_pass()
+        try:
+            handle._host.wait()       # as torch.optim promises: every weight stepped
+        finally:
+            for u in handle.units:
+                u.stepped = False
+            handle._backward.stepped_since_step = False
+            handle.executor.end_pass()
 
 
 def forget(handle: "Offloaded") -> None:
     """On undo: the optimizers' step is theirs again."""
+    handle._host.close()
     for optimizer, _ in handle._optimizers:
         optimizer.__dict__.pop("step", None)   # the class's step again
     handle._optimizers.clear()

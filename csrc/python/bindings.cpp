@@ -229,7 +229,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("resident", &StreamExecutor::resident)
       .def("before", &StreamExecutor::before)
       .def("after", &StreamExecutor::after)
-      .def("grads_ready", &StreamExecutor::grads_ready)
+      .def("grads_ready", &StreamExecutor::grads_ready, py::arg("unit"), py::arg("send_home"),
+           py::arg("wait_home") = true)
       .def("discard_grads", &StreamExecutor::discard_grads)
       .def("step_begins", &StreamExecutor::step_begins)
       .def("bring", &StreamExecutor::bring, py::arg("tensors"), py::arg("new_bytes") = 0)
@@ -237,6 +238,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("end_pass", &StreamExecutor::end_pass)
       .def("evict_unused", &StreamExecutor::evict_unused)
       .def("evict_all", &StreamExecutor::evict_all)
+      .def("evict_unit", &StreamExecutor::evict_unit)
+      // the cudaStream_t, for torch.cuda.ExternalStream
+      .def("home_stream",
+           [](const StreamExecutor& e) {
+             return reinterpret_cast<std::intptr_t>(e.home_stream().stream());
+           })
       .def("set_training", &StreamExecutor::set_training)
       .def("set_trainable", &StreamExecutor::set_trainable)
       .def("largest_trainable", &StreamExecutor::largest_trainable)

@@ -97,9 +97,11 @@ class StreamExecutor {
 
   // The unit's gradients are complete (read from its trainable parameters'
   // .grad): they are counted in the budget and, `send_home`, written home
-  // at once (the parameters' .grad then live in host memory). Releases the
-  // unit's weights, as after() does.
-  void grads_ready(int unit, bool send_home);
+  // at once (the parameters' .grad then live in host memory), and, unless
+  // `!wait_home`, the compute stream's next work waits for that copy (a
+  // host step waits on the home stream instead, and the backward goes on).
+  // Releases the unit's weights, as after() does.
+  void grads_ready(int unit, bool send_home, bool wait_home = true);
   // The unit's gradients died (an optimizer step in backward set them to
   // None): let go of them, counted as discarded.
   void discard_grads(int unit);
@@ -129,6 +131,11 @@ class StreamExecutor {
   // What is not in use nor resident leaves the GPU now (written data goes
   // home).
   void evict_unused();
+  // The unit's weights leave the GPU now unless held or resident (a step on
+  // the host is about to write their homes: the next bring copies those).
+  void evict_unit(int unit);
+  // Where copies home are queued: a host step waits there for its gradients.
+  c10::cuda::CUDAStream home_stream() const { return home_stream_; }
   // Everything leaves the GPU, resident units included (undo); after this,
   // nothing is planned.
   void evict_all();

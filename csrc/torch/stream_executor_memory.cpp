@@ -242,6 +242,8 @@ void StreamExecutor::evict_unused() {
   homes_written_.block(stream_ref(compute()));
 }
 
+void StreamExecutor::evict_unit(int unit) { evict_now(units_.at(unit).tensors); }
+
 void StreamExecutor::evict_all() {
   for (Unit& u : units_) {
     u.staged = u.running = u.held = false;

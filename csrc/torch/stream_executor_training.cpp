@@ -65,7 +65,7 @@ void StreamExecutor::adopt(int id) {
   carry_out(budget_.admit(device_.index(), key(id), t.nbytes(), true, share_, false));
 }
 
-void StreamExecutor::grads_ready(int unit, bool send_home) {
+void StreamExecutor::grads_ready(int unit, bool send_home, bool wait_home) {
   Unit& u = units_.at(unit);
   std::vector<int> fresh;
   for (std::size_t k = 0; k < u.trainable.size(); ++k) {
@@ -100,7 +100,7 @@ void StreamExecutor::grads_ready(int unit, bool send_home) {
     // .grad now points at its home while the copy there is under way: what
     // the compute stream does next with it (DDP copies it into a bucket,
     // then writes the averaged gradient back) comes after the copy
-    homes_written_.block(stream_ref(compute()));
+    if (wait_home) homes_written_.block(stream_ref(compute()));
   }
   after(unit);
 }

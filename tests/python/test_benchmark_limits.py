@@ -288,6 +288,38 @@ def test_a_variant_with_its_own_budget_is_held_to_its_own_limit(capsys):
     assert "| torch_uvm_in_backward_4GiB | 4096 " in capsys.readouterr().out
 
 
+def test_a_host_step_variant_is_held_to_its_own_placements_limit(capsys):
+    """torch_uvm_in_backward_host1: the weights the host steps keep their
+    moments home (12 bytes cross for them, not 28), and the host's fused
+    AdamW takes its time beside the link; its losses are not all
+    resident's arithmetic."""
+    assert method.variant_host_step("torch_uvm_in_backward_host0.5") == 0.5
+    assert method.variant_host_step("torch_uvm_in_backward_host1_4GiB") == 1.0
+    assert method.variant_host_step("torch_uvm_in_backward_4GiB") == 0.0
+    assert not offload_train.exact("torch_uvm_in_backward_host1")
+    assert offload_train.exact("torch_uvm_in_backward_4GiB")
+    # 12 GiB, 2 resident, 6 of the 10 streamed stepped on the host
+    own = offload_train.link_limit(12 * GiB, 2 * GiB, 50e9, 50e9, 6 * GiB, 1e9)
+    assert own["to_gpu_bytes"] == 20 * GiB + 12 * GiB and own["home_bytes"] == 10 * GiB + 12 * GiB
+    assert own["host_step_s"] == pytest.approx(6 * GiB / 4 / 1e9)
+    assert own["seconds"] == pytest.approx(max(32 * GiB / 50e9, 6 * GiB / 4e9))
+    run = {**fake_train_run([2.0, 1.9], 0.8), "weights_bytes": 12 * GiB, "tokens_per_step": 4096,
+           "resident_weight_bytes": 2 * GiB, "to_gpu_bytes_per_step": 0, "home_bytes_per_step": 0}
+    runs = {"pinned_rate": [{"h2d_gbps": 50.0, "d2h_gbps": 50.0,
+                             "host_adamw_elements_per_s": 1e9}], "resident": [run],
+            "torch_uvm_in_backward": [run],
+            "torch_uvm_in_backward_host0.5": [{**run, "host_stepped_bytes": 6 * GiB}]}
+    table, lim = offload_train.report("llama", runs, 1)
+    row = table["torch_uvm_in_backward_host0.5"]
+    assert row["x_link_limit_with_step_on_gpu"] == pytest.approx(0.8 / own["seconds"])
+    assert table["torch_uvm_in_backward"]["x_link_limit_with_step_on_gpu"] == pytest.approx(
+        0.8 / offload_train.link_limit(12 * GiB, 2 * GiB, 50e9, 50e9)["seconds"])
+    # its losses are compared as another arithmetic's: by their difference
+    out = capsys.readouterr().out
+    assert "| torch_uvm_in_backward_host0.5 | 5120 (5120-5120) | 2.33 | 0.50 | 1.35 | " \
+        "0 (bit for bit) |" in out
+
+
 def test_the_least_on_this_host_counts_the_hosts_step_beside_the_link():
     """method.least_step_s: a placement that moves the least steps on the
     host; a slow host makes the best mix step some weights on the GPU

@@ -1,0 +1,212 @@
+"""stream_optimizer(host_step=): the later streamed submodules step on the
+host, with PyTorch's fused CPU AdamW over their homes, while the GPU steps
+the rest. Each loop runs against a reference written as a user would: all
+resident, the same submodules stepped by AdamW(fused=True) on CPU copies
+of their weights, the others by the optimizer on the GPU. Losses and
+weights must agree bit for bit; where the moments live is asked of the
+driver."""
+import time
+
+import pytest
+import torch
+
+from conftest import gpu, where
+from offload_helpers import make_model, undo_leftover_offloads
+from test_gpu_training_loops import _SleepInBackward, data, train
+
+pytestmark = gpu
+MiB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_streamed():
+    yield
+    if torch.cuda.is_available():
+        undo_leftover_offloads()
+        torch.cuda.synchronize()
+
+
+def reference(build, batches, on_host, lr=1e-3):
+    """All resident; the parameters named in `on_host` step on CPU copies
+    with AdamW(fused=True), copied back after each step."""
+    model = build().cuda()
+    named = dict(model.named_parameters())
+    gpu_opt = torch.optim.AdamW([p for n, p in named.items() if n not in on_host], lr=lr)
+    masters = {n: named[n].detach().cpu().clone().requires_grad_() for n in on_host}
+    cpu_opt = torch.optim.AdamW(list(masters.values()), lr=lr, fused=True)
+    losses = []
+    for x in batches:
+        loss = model(x).square().mean()
+        loss.backward()
+        gpu_opt.step()
+        for n, m in masters.items():
+            m.grad = named[n].grad.cpu()
+        cpu_opt.step()
+        with torch.no_grad():
+            for n, m in masters.items():
+                named[n].copy_(m)
+        gpu_opt.zero_grad()
+        losses.append(loss.item())
+    return losses, model
+
+
+def host_names(handle):
+    return {f"{u.name}.{k}" for u in handle.host_stepped_units()
+            for k, p in u.module.named_parameters() if p.requires_grad}
+
+
+def against_reference(uvm, build, share, in_backward, batches):
+    """`build()` offloaded under 24 MiB, trained with host_step=`share`;
+    its losses and weights equal the reference's. Returns the handle and
+    the optimizer."""
+    model = build()
+    handle = uvm.offload(model, budget=24 * MiB)
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                        step_in_backward=in_backward, host_step=share)
+    got, _ = train(model, optimizer, batches)
+    torch.cuda.synchronize()
+    want, resident = reference(build, batches, host_names(handle))
+    assert got == want
+    for (name, p), q in zip(model.named_parameters(), resident.parameters()):
+        assert torch.equal(p, q), name
+    return handle, optimizer
+
+
+in_backward = pytest.mark.parametrize("in_backward", [False, True],
+                                      ids=["step_after", "step_in_backward"])
+
+
+@in_backward
+@pytest.mark.parametrize("share", [0.5, 1.0])
+def test_a_host_step_gives_a_fused_cpu_steps_weights_and_keeps_its_moments_home(
+        uvm, in_backward, share):
+    handle, optimizer = against_reference(uvm, lambda: make_model(layers=8, width=1024),
+                                          share, in_backward, data(3))
+    model = handle.module
+    on_host = handle.host_stepped_units()
+    streamed = [u for u in handle.units_in_order() if u not in handle.resident_units()]
+    # the last streamed units, `share` of them (all the same size)
+    assert on_host == streamed[::-1][:int(share * len(streamed) + 0.5)] and on_host
+    # the moments of the host's units never came to the GPU: the driver finds
+    # them in host memory; the GPU's units' went home after their steps too
+    for u in on_host:
+        w = u.module.weight
+        assert where(optimizer.state[w]["exp_avg"]) == "host"
+        assert where(optimizer.state[w]["exp_avg_sq"]) == "host"
+        assert where(w) == "host"
+    # and were never streamed: only the GPU-stepped weights' moments were
+    gpu_stepped = [u for u in handle.units if u not in on_host]
+    weights = len(list(model.parameters()))
+    assert handle.executor.streamed_tensors() == 2 * weights + 2 * len(gpu_stepped)
+    assert handle.residency_stats()["resident_bytes.peak"] <= 24 * MiB
+
+
+class Sleeps(torch.nn.Module):
+    """Identity; its backward puts the GPU to sleep (test_gpu_training_loops'
+    _SleepInBackward), so the host runs ahead of what comes after it."""
+
+    def forward(self, x):
+        return _SleepInBackward.apply(x)
+
+
+@in_backward
+def test_a_host_step_waits_for_its_gradients_copy_home(uvm, in_backward):
+    """The last layer's backward comes after the GPU's sleep: its gradients'
+    hook runs, and their copy home is queued, long before the GPU computes
+    them. A host step that read the homes then would step on the last
+    step's gradients."""
+    def build():
+        return torch.nn.Sequential(*make_model(layers=8, width=1024), Sleeps())
+    against_reference(uvm, build, 1.0, in_backward, data(3))
+
+
+@in_backward
+def test_step_returns_with_every_host_step_done(uvm, in_backward, monkeypatch):
+    """As torch.optim promises: after optimizer.step() the weights are
+    stepped, whatever the host's pace (each host step made slow here)."""
+    from torch_uvm import host_step
+    model = make_model(layers=8, width=1024)
+    handle = uvm.offload(model, budget=24 * MiB)
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters()),
+                                        step_in_backward=in_backward, host_step=1.0)
+    train(model, optimizer, data(1))
+    done, real = [], host_step._adam_on_cpu
+
+    def slow(*args):
+        time.sleep(0.2)
+        real(*args)
+        done.append(1)
+    monkeypatch.setattr(host_step, "_adam_on_cpu", slow)
+    model(data(1)[0]).square().mean().backward()
+    optimizer.step()
+    assert len(done) == len(handle.host_stepped_units()) > 0
+
+
+def test_a_checkpoint_taken_between_host_steps_resumes_them(uvm, tmp_path):
+    """The optimizer's state_dict (the host's moments, as CPU tensors) saved
+    after two steps and loaded into a new offload gives the third step of an
+    uninterrupted run."""
+    batches = data(3)
+
+    def start():
+        model = make_model(layers=8, width=1024)
+        handle = uvm.offload(model, budget=24 * MiB)
+        optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                            host_step=1.0)
+        return model, handle, optimizer
+    model, handle, optimizer = start()
+    whole, _ = train(model, optimizer, batches)
+    after = [p.detach().cpu() for p in model.parameters()]
+    handle.undo()
+
+    model, handle, optimizer = start()
+    train(model, optimizer, batches[:2])
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+               tmp_path / "ckpt.pt")
+    # the host's states saved as CPU tensors (never through the GPU)
+    saved_state = optimizer.state_dict()["state"]
+    ids = {id(p): i for i, p in enumerate(model.parameters())}
+    on_host = [ids[id(p)] for u in handle.host_stepped_units() for p in u.trainable]
+    assert on_host and all(t.device.type == "cpu" for i in on_host
+                           for t in saved_state[i].values())
+    handle.undo()
+
+    model, handle, optimizer = start()
+    saved = torch.load(tmp_path / "ckpt.pt")
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    resumed, _ = train(model, optimizer, batches[2:])
+    assert resumed == whole[2:]
+    for p, q in zip(model.parameters(), after):
+        assert torch.equal(p.detach().cpu(), q)
+
+
+def test_a_failed_host_step_raises_at_step_naming_its_submodule(uvm, monkeypatch):
+    from torch_uvm import host_step
+    model = make_model(layers=8, width=1024)
+    handle = uvm.offload(model, budget=24 * MiB)
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters()), host_step=1.0)
+    train(model, optimizer, data(1))                  # planned: the host's units known
+    last = handle.host_stepped_units()[0]
+
+    def fails(*args, **kwargs):
+        raise MemoryError("no room")
+    monkeypatch.setattr(host_step, "_adam_on_cpu", fails)
+    model(data(1)[0]).square().mean().backward()
+    with pytest.raises(RuntimeError, match=rf"host step of submodule '{last.name}' failed"):
+        optimizer.step()
+    monkeypatch.undo()
+    optimizer.zero_grad()
+    train(model, optimizer, data(1))                  # and it trains on
+
+
+def test_host_step_is_refused_before_anything_changes(uvm):
+    model = make_model(layers=2, width=1024)
+    handle = uvm.offload(model, budget=24 * MiB)
+    for optimizer, share, error in [
+            (torch.optim.SGD(model.parameters(), lr=0.1), 0.5, "fused CPU Adam/AdamW"),
+            (torch.optim.AdamW(model.parameters()), 1.5, "from 0 .* to 1"),
+            (torch.optim.AdamW(model.parameters()), "half", "from 0 .* to 1")]:
+        with pytest.raises(ValueError, match=error):
+            handle.stream_optimizer(optimizer, host_step=share)
+        assert "step" not in optimizer.__dict__ and handle.host_step == 0

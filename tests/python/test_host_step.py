@@ -1,0 +1,81 @@
+"""host_step.py without a GPU: which submodules step on the host, the
+values it refuses, and its arithmetic: PyTorch's fused CPU Adam/AdamW, as
+the optimizer's own fused step on the CPU gives it."""
+import types
+
+import pytest
+import torch
+
+from torch_uvm import host_step
+
+
+def fake_handle(sizes, resident=(), share=0.5):
+    """An offload's view as choose() reads it: units in the forward's order,
+    some resident."""
+    units = [types.SimpleNamespace(index=i, name=str(i), trainable=[object()] if n else [],
+                                   trainable_bytes=n) for i, n in enumerate(sizes)]
+    executor = types.SimpleNamespace(resident=lambda i: i in resident)
+    return types.SimpleNamespace(host_step=share, learned=True, executor=executor,
+                                 units_in_order=lambda: list(units))
+
+
+@pytest.mark.parametrize("share, names", [(0.0, []), (0.5, ["5", "4"]), (1.0, ["5", "4", "3", "2"]),
+                                          (0.2, ["5"]), (0.1, [])])
+def test_the_last_streamed_units_step_on_the_host(share, names):
+    # units 0 and 1 resident; 6 is frozen; four streamed of 10 bytes
+    handle = fake_handle([10, 10, 10, 10, 10, 10, 0], resident={0, 1}, share=share)
+    assert [u.name for u in host_step.choose(handle)] == names
+
+
+def test_a_unit_is_taken_when_half_of_it_falls_within_the_share():
+    handle = fake_handle([40, 10, 10], share=0.2)           # 12 of 60 bytes: 10 and 5 of 10
+    assert [u.name for u in host_step.choose(handle)] == ["2"]
+    handle = fake_handle([10, 10, 40], share=0.25)          # the last is 40: 20 > 15
+    assert host_step.choose(handle) == []
+
+
+def test_nothing_steps_on_the_host_before_a_plan():
+    handle = fake_handle([10, 10], share=1.0)
+    handle.learned = False
+    assert host_step.choose(handle) == []
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5, float("nan"), True, "half", None])
+def test_a_share_outside_0_to_1_is_refused(share):
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(4))])
+    with pytest.raises(ValueError, match=r"from 0 \(none, the default\) to 1"):
+        host_step.check(optimizer, share)
+
+
+def test_other_optimizers_are_refused_for_a_host_step_not_for_none():
+    p = torch.nn.Parameter(torch.zeros(4))
+    with pytest.raises(ValueError, match="this optimizer is a SGD"):
+        host_step.check(torch.optim.SGD([p], lr=0.1), 0.5)
+    with pytest.raises(ValueError, match="differentiable"):
+        host_step.check(torch.optim.Adam([p], differentiable=True), 0.5)
+    assert host_step.check(torch.optim.SGD([p], lr=0.1), 0) == 0.0
+    assert host_step.check(torch.optim.Adam([p]), 1) == 1.0
+
+
+@pytest.mark.parametrize("kind", [torch.optim.AdamW, torch.optim.Adam])
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_the_host_steps_arithmetic_is_the_fused_cpu_optimizers(kind, amsgrad):
+    """_adam_on_cpu over the state lists equals the optimizer's own fused
+    step on the CPU, bit for bit, for three steps (weight decay decoupled
+    for AdamW, added to the gradient for Adam)."""
+    torch.manual_seed(0)
+    ours = torch.randn(1000)
+    theirs = torch.nn.Parameter(ours.clone())
+    optimizer = kind([theirs], lr=1e-2, weight_decay=0.1, amsgrad=amsgrad, fused=True)
+    group = optimizer.param_groups[0]
+    moments = [torch.zeros(1000) for _ in range(3 if amsgrad else 2)]
+    step = torch.zeros(())
+    for _ in range(3):
+        grad = torch.randn(1000)
+        theirs.grad = grad.clone()
+        optimizer.step()
+        host_step._adam_on_cpu(kind is torch.optim.AdamW, group, [ours], [grad], [moments[0]],
+                               [moments[1]], moments[2:], [step])
+        assert torch.equal(ours, theirs.detach())
+    assert torch.equal(moments[0], optimizer.state[theirs]["exp_avg"])
+    assert step.item() == 3

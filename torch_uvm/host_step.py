@@ -1,0 +1,245 @@
+"""Stepping part of an offload's weights on the host
+(``stream_optimizer(..., host_step=)``): Adam's arithmetic on the CPU over
+the weights' homes, while the GPU runs the rest of the step.
+
+Per fp32 parameter, a weight that steps on the GPU crosses the link five
+times a step: in for forward and for backward, AdamW's two moments in and
+out, the stepped weight home (16 bytes to the GPU, 12 home). One that steps
+on the host crosses three times: in twice, its gradient home (8 and 4); its
+moments never leave host memory. The host's step then takes its own time
+beside the GPU's, at the rate of PyTorch's fused CPU AdamW (FSDP2's CPU
+step; ``benchmarks/method.py``'s ``host_adamw_rate`` measures it).
+
+* Which: the streamed submodules last in the forward's order, the
+  ``host_step`` share of their trainable bytes. Their gradients complete
+  first in backward, so the host steps them while the GPU runs the backward
+  of the rest. Resident submodules step on the GPU, where their weights
+  live.
+* When: once a submodule's gradients are complete they go home by a copy
+  that the compute stream does not wait for; its weights leave their slot
+  (the host writes their homes: the next forward brings the stepped ones);
+  a worker thread steps it once the copy has passed.
+* ``optimizer.step()`` returns once every host step is done, as
+  ``torch.optim`` promises; a forward that begins before it, ``undo()``
+  and the optimizer's ``state_dict`` wait for them too.
+* The arithmetic is ``torch.optim``'s fused Adam/AdamW on the CPU
+  (``torch.optim.adam.adam(fused=True)``): a weight stepped on the host
+  equals a fused CPU step's, bit for bit, not a GPU step's.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import math
+from typing import TYPE_CHECKING, List, Optional
+
+import torch
+from torch.optim.adam import adam
+
+from . import _C
+
+if TYPE_CHECKING:
+    from .offload import Offloaded
+    from .offload_units import _Unit
+
+
+def check(optimizer: torch.optim.Optimizer, host_step) -> float:
+    """`host_step` as a share in [0, 1], or a clear refusal, before anything
+    changes, of a value or an optimizer it cannot be."""
+    if isinstance(host_step, bool) or not isinstance(host_step, (int, float)) or \
+            not math.isfinite(host_step) or not 0 <= host_step <= 1:
+        raise ValueError(
+            f"torch_uvm: host_step is the share of the streamed submodules' trainable bytes "
+            f"stepped on the host, a number from 0 (none, the default) to 1 (every streamed "
+            f"one); got {host_step!r}")
+    if host_step == 0:
+        return 0.0
+    if not isinstance(optimizer, torch.optim.Adam) and \
+            not isinstance(optimizer, torch.optim.AdamW):
+        raise ValueError(
+            f"torch_uvm: host_step steps with PyTorch's fused CPU Adam/AdamW, and this "
+            f"optimizer is a {type(optimizer).__name__}. Use torch.optim.Adam or AdamW, or "
+            f"host_step=0 (every submodule steps on the GPU with the optimizer's own step)")
+    for g in optimizer.param_groups:
+        if g.get("differentiable"):
+            raise ValueError("torch_uvm: host_step cannot step a differentiable Adam "
+                             "(differentiable=True): use host_step=0")
+    return float(host_step)
+
+
+def choose(handle: "Offloaded") -> List["_Unit"]:
+    """The units that step on the host now: the streamed ones last in the
+    forward's order, `handle.host_step` of the streamed trainable bytes
+    (a unit is taken when at least half of it falls within the share)."""
+    if not handle.host_step or not handle.learned:
+        return []
+    streamed = [u for u in handle.units_in_order()
+                if not handle.executor.resident(u.index) and u.trainable]
+    want = handle.host_step * sum(u.trainable_bytes for u in streamed)
+    chosen, taken = [], 0
+    for u in reversed(streamed):
+        if taken + u.trainable_bytes / 2 > want:
+            break
+        chosen.append(u)
+        taken += u.trainable_bytes
+    return chosen
+
+
+def steps_to_gpu(optimizer: torch.optim.Optimizer, params) -> None:
+    """A weight that stepped on the host before (the plan changed since)
+    keeps its step count on the CPU; a fused or capturable step on the GPU
+    reads it on the weight's device: it goes there (a host step takes it
+    back)."""
+    ids = {id(p) for p in params}
+    for group in optimizer.param_groups:
+        if not (group.get("fused") or group.get("capturable")):
+            continue
+        for p in group["params"]:
+            step = optimizer.state.get(p, {}).get("step") if id(p) in ids else None
+            if isinstance(step, torch.Tensor) and not step.is_cuda:
+                optimizer.state[p]["step"] = step.to(p.device)
+
+
+def _cpu_view(t: torch.Tensor) -> Optional[torch.Tensor]:
+    """`t` (a CUDA tensor at its home) as a CPU tensor over that memory;
+    None where it is not at a home (in a slot)."""
+    view = _C.home_on_cpu(t)
+    if view is None and _C.is_pinned_home(t):     # a home no executor took over
+        view = _C.fresh_home_on_cpu(t)
+    return view
+
+
+class HostSteps:
+    """One offload's host steps: a worker thread, and the steps queued on it
+    not yet waited for."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._worker: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._pending: List[tuple] = []         # (unit name, future)
+        self._home_stream = None
+        self._threads = torch.get_num_threads()
+
+    def submit(self, handle: "Offloaded", unit: "_Unit", after_compute: bool) -> bool:
+        """Queues `unit`'s step on the host, for every streamed optimizer,
+        after the copies home queued so far (its gradients'), and,
+        `after_compute`, after the compute stream's work so far (in
+        optimizer.step(): what the user did to the gradients at home). Its
+        weights leave their slot first. Returns False, queuing nothing,
+        where its weights or gradients are not all at home (held on the
+        GPU): the caller steps it on the GPU."""
+        executor = handle.executor
+        executor.evict_unit(unit.index)
+        params = [p for p in unit.trainable if p.grad is not None]
+        views = [(_cpu_view(p), _cpu_view(p.grad)) for p in params]
+        if not params or any(w is None or g is None for w, g in views):
+            return False
+        if self._home_stream is None:
+            self._home_stream = torch.cuda.ExternalStream(executor.home_stream(),
+                                                          device=self.device)
+        ready = [torch.cuda.Event()]
+        ready[0].record(self._home_stream)
+        if after_compute:
+            ready.append(torch.cuda.Event())
+            ready[1].record(torch.cuda.current_stream(self.device))
+        work = []
+        for optimizer, _ in handle._optimizers:
+            for group in optimizer.param_groups:
+                ids = {id(p) for p in group["params"]}
+                mine = [(p, w, g) for p, (w, g) in zip(params, views) if id(p) in ids]
+                if mine:
+                    work.append((optimizer, group, mine))
+        if self._worker is None:
+            self._worker = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="torch_uvm_host_step")
+        self._pending.append((unit.name, self._worker.submit(self._run, ready, work)))
+        return True
+
+    def _run(self, ready: torch.cuda.Event, work) -> None:
+        torch.set_num_threads(self._threads)    # the caller's, not the new thread's default
+        prepared = [(isinstance(optimizer, torch.optim.AdamW), group,
+                     _states(optimizer, group, mine, self.device))
+                    for optimizer, group, mine in work]   # new homes pinned meanwhile
+        for event in ready:
+            event.synchronize()
+        for decoupled, group, lists in prepared:
+            _adam_on_cpu(decoupled, group, *lists)
+
+    def wait(self) -> None:
+        """Every step queued is done; the first that failed raises, naming
+        its unit (the others ran)."""
+        pending, self._pending = self._pending, []
+        failed = None
+        for name, future in pending:
+            try:
+                future.result()
+            except BaseException as e:  # noqa: B902 - raised again below, with its unit
+                failed = failed or (name, e)
+        if failed is not None:
+            name, e = failed
+            raise RuntimeError(
+                f"torch_uvm: the host step of submodule '{name}' failed ({e}); its weights "
+                "and states may be part-stepped. The other submodules stepped") from e
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._worker is not None:
+                self._worker.shutdown(wait=True)
+                self._worker = None
+
+
+def _states(optimizer, group, mine, device):
+    """The lists torch.optim.adam.adam takes, over CPU views of homes: the
+    weights, gradients, Adam's moments (new homes on a first step) and step
+    counts (CPU tensors)."""
+    amsgrad = group.get("amsgrad", False)
+    keys = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if amsgrad else [])
+    params, grads, steps = [], [], []
+    moments = {k: [] for k in keys}
+    for p, w, g in mine:
+        state = optimizer.state.get(p) or {}
+        fresh = not state
+        if fresh:
+            state = {"step": torch.zeros((), dtype=torch.float32)}
+        for k in keys:
+            t = state.get(k)
+            if t is None:                 # a first step: a new home, zeros
+                t = state[k] = _C.empty_pinned_home(p, device)
+                view = _C.fresh_home_on_cpu(t).zero_()
+            elif t.is_cuda:
+                view = _cpu_view(t)
+                if view is None:          # in a slot (it stepped on the GPU): a home of its own
+                    t = state[k] = _C.pinned_home(t.detach(), device)
+                    view = _C.fresh_home_on_cpu(t)
+            else:
+                view = t
+            moments[k].append(view)
+        step = state["step"]
+        if not isinstance(step, torch.Tensor) or step.is_cuda or step.dtype != torch.float32:
+            state["step"] = step = torch.tensor(float(step), dtype=torch.float32)
+        if fresh:
+            optimizer.state[p] = state
+        params.append(w)
+        grads.append(g)
+        steps.append(step)
+    return (params, grads, moments["exp_avg"], moments["exp_avg_sq"],
+            moments.get("max_exp_avg_sq", []), steps)
+
+
+def _adam_on_cpu(decoupled: bool, group, params, grads, exp_avgs, exp_avg_sqs,
+                 max_exp_avg_sqs, steps) -> None:
+    beta1, beta2 = group["betas"]
+    lr = group["lr"]
+    adam(
+        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
+        fused=True, amsgrad=group.get("amsgrad", False), has_complex=False,
+        beta1=float(beta1), beta2=float(beta2),
+        lr=float(lr) if isinstance(lr, torch.Tensor) else lr,
+        weight_decay=group["weight_decay"], eps=group["eps"],
+        maximize=group.get("maximize", False),
+        decoupled_weight_decay=group.get("decoupled_weight_decay", decoupled))
