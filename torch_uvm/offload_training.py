@@ -396,8 +396,9 @@ def _on_cpu(t):
     """A streamed parameter's state as a checkpoint saves it
     (keep_states_home): over its home where it is at home, else a copy
     (a state in a slot, within the budget; one loaded and not yet
-    stepped)."""
-    if not _streamable(t):
+    stepped; a small one a host step keeps in a home of its own)."""
+    if not _streamable(t) and not (isinstance(t, torch.Tensor) and t.is_cuda
+                                   and _C.is_pinned_home(t)):
         return t
     home = _C.home_on_cpu(t)
     return home if home is not None else t.detach().cpu()

@@ -31,21 +31,23 @@ def reference(build, batches, on_host, lr=1e-3):
     with AdamW(fused=True), copied back after each step."""
     model = build().cuda()
     named = dict(model.named_parameters())
-    gpu_opt = torch.optim.AdamW([p for n, p in named.items() if n not in on_host], lr=lr)
+    on_gpu = [p for n, p in named.items() if n not in on_host]
+    gpu_opt = torch.optim.AdamW(on_gpu, lr=lr) if on_gpu else None
     masters = {n: named[n].detach().cpu().clone().requires_grad_() for n in on_host}
     cpu_opt = torch.optim.AdamW(list(masters.values()), lr=lr, fused=True)
     losses = []
     for x in batches:
         loss = model(x).square().mean()
         loss.backward()
-        gpu_opt.step()
+        if gpu_opt is not None:
+            gpu_opt.step()
         for n, m in masters.items():
             m.grad = named[n].grad.cpu()
         cpu_opt.step()
         with torch.no_grad():
             for n, m in masters.items():
                 named[n].copy_(m)
-        gpu_opt.zero_grad()
+        model.zero_grad()
         losses.append(loss.item())
     return losses, model
 
