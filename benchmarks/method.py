@@ -20,6 +20,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 from typing import Callable, Dict, List, Optional
@@ -269,6 +270,10 @@ def chosen(plan: Dict[str, List[str]], only: str, variants: Optional[str],
         keep = variants.split(",") + list(always)
         for s in scenarios:
             plan[s] = [v for v in plan[s] if v in keep]
+        unknown = [v for v in variants.split(",") if not any(v in plan[s] for s in scenarios)]
+        if unknown:
+            print(f"not in the plan of {', '.join(scenarios)}, not run: {', '.join(unknown)}",
+                  file=sys.stderr)
     return scenarios
 
 

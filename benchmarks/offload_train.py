@@ -99,7 +99,8 @@ PLAN = {
     "gpt2": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload",
              "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory"],
     "llama": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward",
-              "torch_uvm_in_backward_host1", "torch_uvm_in_backward_host0.5",
+              "torch_uvm_in_backward_host1", "torch_uvm_in_backward_host0.75",
+              "torch_uvm_in_backward_host0.5",
               "fsdp2_cpu_offload", "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory",
               "torch_uvm_in_backward_3GiB", "torch_uvm_in_backward_4GiB",
               "torchtune_single_device"],
@@ -354,6 +355,7 @@ def measure(scenario, variant):
         if step == 1 and handle is not None:
             torch.cuda.synchronize()
             before = handle.residency_stats()
+            host_before = handle.host_step_stats()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         loss = loss_fn(model, x)
@@ -393,6 +395,9 @@ def measure(scenario, variant):
         n = conf["steps"] - 1
         resident = handle.resident_units()
         extra["host_stepped_bytes"] = sum(u.trainable_bytes for u in handle.host_stepped_units())
+        host_after = handle.host_step_stats()   # per step after the first
+        extra["host_step_per_step"] = {k: (host_after[k] - host_before[k]) / (conf["steps"] - 1)
+                                       for k in host_after}
         extra.update({"peak_resident_bytes": after["resident_bytes.peak"],
                  "resident_units": len(resident), "units": len(handle.units),
                  "resident_weight_bytes": sum(u.nbytes for u in resident),
@@ -596,6 +601,11 @@ def report(scenario, runs, rounds):
     for v, row in table.items():
         if "optimizer" in row:   # the anchors' step, as it ran
             print(f"  {v}: optimizer {json.dumps(row['optimizer'])}")
+        h = row.get("host_step_per_step")
+        if h and h["units"]:     # what the host's step took, and what the step waited for it
+            print(f"  {v}: the host stepped {row['host_stepped_bytes'] / GiB:.2f} GiB of weights "
+                  f"({h['units']:.0f} units) a step in {h['step_seconds']:.3f} s of fused AdamW; "
+                  f"optimizer.step() waited {h['wait_seconds']:.3f} s for it")
     for v, rs in runs.items():
         for r in rs:
             if r and r.get("profile"):

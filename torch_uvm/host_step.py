@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
+import os
+import time
 from typing import TYPE_CHECKING, List, Optional
 
 import torch
@@ -53,6 +55,7 @@ def check(optimizer: torch.optim.Optimizer, host_step) -> float:
             f"one); got {host_step!r}")
     if host_step == 0:
         return 0.0
+    threads()                       # a bad TORCH_UVM_HOST_STEP_THREADS is refused now
     if not isinstance(optimizer, torch.optim.Adam) and \
             not isinstance(optimizer, torch.optim.AdamW):
         raise ValueError(
@@ -64,6 +67,27 @@ def check(optimizer: torch.optim.Optimizer, host_step) -> float:
             raise ValueError("torch_uvm: host_step cannot step a differentiable Adam "
                              "(differentiable=True): use host_step=0")
     return float(host_step)
+
+
+THREADS_VARIABLE = "TORCH_UVM_HOST_STEP_THREADS"
+
+
+def threads() -> int:
+    """The threads a host step runs on: TORCH_UVM_HOST_STEP_THREADS, else
+    PyTorch's intra-op threads but two, left to the Python thread that
+    launches the GPU's kernels and to the driver's (a host step runs
+    beside them; with every core the GPU waits for its launches)."""
+    text = os.environ.get(THREADS_VARIABLE, "").strip()
+    if not text:
+        return max(1, torch.get_num_threads() - 2)
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"torch_uvm: {THREADS_VARIABLE} is the number of threads a host step "
+                         f"runs on, a whole number of at least 1; got {text!r}")
+    return n
 
 
 def choose(handle: "Offloaded") -> List["_Unit"]:
@@ -117,7 +141,9 @@ class HostSteps:
         self._worker: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._pending: List[tuple] = []         # (unit name, future)
         self._home_stream = None
-        self._threads = torch.get_num_threads()
+        self._threads = threads()
+        # what the host's steps took, and the caller's waits for them (stats())
+        self._stepped = {"units": 0, "step_seconds": 0.0, "wait_seconds": 0.0}
 
     def submit(self, handle: "Offloaded", unit: "_Unit", after_compute: bool) -> bool:
         """Queues `unit`'s step on the host, for every streamed optimizer,
@@ -161,24 +187,36 @@ class HostSteps:
                     for optimizer, group, mine in work]   # new homes pinned meanwhile
         for event in ready:
             event.synchronize()
+        start = time.perf_counter()
         for decoupled, group, lists in prepared:
             _adam_on_cpu(decoupled, group, *lists)
+        self._stepped["step_seconds"] += time.perf_counter() - start
+        self._stepped["units"] += 1
 
     def wait(self) -> None:
         """Every step queued is done; the first that failed raises, naming
         its unit (the others ran)."""
         pending, self._pending = self._pending, []
         failed = None
+        start = time.perf_counter()
         for name, future in pending:
             try:
                 future.result()
             except BaseException as e:  # noqa: B902 - raised again below, with its unit
                 failed = failed or (name, e)
+        self._stepped["wait_seconds"] += time.perf_counter() - start
         if failed is not None:
             name, e = failed
             raise RuntimeError(
                 f"torch_uvm: the host step of submodule '{name}' failed ({e}); its weights "
                 "and states may be part-stepped. The other submodules stepped") from e
+
+    def stats(self) -> dict:
+        """Since the offload began: the units the host stepped, the seconds
+        its steps took (the fused kernels, once their gradients were home),
+        and the seconds callers waited for them (optimizer.step(), a forward,
+        undo): what the host's step added to the GPU's."""
+        return dict(self._stepped)
 
     @property
     def pending(self) -> bool:

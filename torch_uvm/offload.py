@@ -148,6 +148,12 @@ class Offloaded:
         """The submodules that stay on the GPU (after the first forward)."""
         return [u for u in self.units if self.learned and self.executor.resident(u.index)]
 
+    def host_step_stats(self) -> dict:
+        """stream_optimizer's host_step so far: ``units`` stepped on the
+        host, ``step_seconds`` its fused AdamW took, ``wait_seconds`` the
+        caller spent waiting for it (what the host added to the step)."""
+        return self._host.stats()
+
     def host_stepped_units(self) -> List[_Unit]:
         """The submodules whose weights step on the host now
         (stream_optimizer's host_step), the last in the forward's order

@@ -79,3 +79,16 @@ def test_the_host_steps_arithmetic_is_the_fused_cpu_optimizers(kind, amsgrad):
         assert torch.equal(ours, theirs.detach())
     assert torch.equal(moments[0], optimizer.state[theirs]["exp_avg"])
     assert step.item() == 3
+
+
+def test_the_host_steps_threads_leave_two_cores_or_follow_the_variable(monkeypatch):
+    monkeypatch.delenv(host_step.THREADS_VARIABLE, raising=False)
+    assert host_step.threads() == max(1, torch.get_num_threads() - 2)
+    monkeypatch.setenv(host_step.THREADS_VARIABLE, "3")
+    assert host_step.threads() == 3
+    p = torch.nn.Parameter(torch.zeros(4))
+    for bad in ("0", "many", "-2"):
+        monkeypatch.setenv(host_step.THREADS_VARIABLE, bad)
+        with pytest.raises(ValueError, match="TORCH_UVM_HOST_STEP_THREADS is the number"):
+            host_step.check(torch.optim.AdamW([p]), 0.5)
+    assert host_step.check(torch.optim.AdamW([p]), 0) == 0.0     # no host step: not read
