@@ -103,6 +103,7 @@ PLAN = {
               "torch_uvm_in_backward_host0.5",
               "fsdp2_cpu_offload", "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory",
               "torch_uvm_in_backward_3GiB", "torch_uvm_in_backward_4GiB",
+              "torch_uvm_in_backward_host1_4GiB",
               "torchtune_single_device"],
 }
 # A variant named <variant>_<N>GiB runs under N GiB instead of the scenario's
