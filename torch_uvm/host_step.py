@@ -28,6 +28,7 @@ step; ``benchmarks/method.py``'s ``host_adamw_rate`` measures it).
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import math
 import os
@@ -70,6 +71,9 @@ def check(optimizer: torch.optim.Optimizer, host_step) -> float:
 
 
 THREADS_VARIABLE = "TORCH_UVM_HOST_STEP_THREADS"
+# In backward, how many submodules' gradient copies home may be under way
+# before the next waits (HostSteps.submit).
+COPIES_AHEAD = 2
 
 
 def threads() -> int:
@@ -140,6 +144,7 @@ class HostSteps:
         self.device = device
         self._worker: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._pending: List[tuple] = []         # (unit name, future)
+        self._copies: collections.deque = collections.deque()  # gradients' copies home in backward
         self._home_stream = None
         self._threads = threads()
         # what the host's steps took, and the caller's waits for them (stats())
@@ -167,6 +172,15 @@ class HostSteps:
         if after_compute:
             ready.append(torch.cuda.Event())
             ready[1].record(torch.cuda.current_stream(self.device))
+        else:
+            # In backward the compute stream does not wait for the copies,
+            # and the host queues kernels far ahead of the GPU: the memory
+            # of gradients whose copies are under way is reused only once
+            # they pass, so PyTorch's allocator would reserve more the
+            # further it runs ahead. It runs at most COPIES_AHEAD ahead.
+            self._copies.append(ready[0])
+            while len(self._copies) > COPIES_AHEAD:
+                self._copies.popleft().synchronize()
         work = []
         for optimizer, _ in handle._optimizers:
             for group in optimizer.param_groups:
@@ -197,6 +211,7 @@ class HostSteps:
         """Every step queued is done; the first that failed raises, naming
         its unit (the others ran)."""
         pending, self._pending = self._pending, []
+        self._copies.clear()
         failed = None
         start = time.perf_counter()
         for name, future in pending:
