@@ -146,7 +146,7 @@ class HostSteps:
         self._pending: List[tuple] = []         # (unit name, future)
         self._copies: collections.deque = collections.deque()  # gradients' copies home in backward
         self._home_stream = None
-        self._threads = threads()
+        self._threads = 0               # threads(), read at the first step
         # what the host's steps took, and the caller's waits for them (stats())
         self._stepped = {"units": 0, "step_seconds": 0.0, "wait_seconds": 0.0}
 
@@ -189,13 +189,14 @@ class HostSteps:
                 if mine:
                     work.append((optimizer, group, mine))
         if self._worker is None:
+            self._threads = threads()
             self._worker = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="torch_uvm_host_step")
         self._pending.append((unit.name, self._worker.submit(self._run, ready, work)))
         return True
 
-    def _run(self, ready: torch.cuda.Event, work) -> None:
-        torch.set_num_threads(self._threads)    # the caller's, not the new thread's default
+    def _run(self, ready: List[torch.cuda.Event], work) -> None:
+        torch.set_num_threads(self._threads)    # threads(): a new thread's default is every core
         prepared = [(isinstance(optimizer, torch.optim.AdamW), group,
                      _states(optimizer, group, mine, self.device))
                     for optimizer, group, mine in work]   # new homes pinned meanwhile
