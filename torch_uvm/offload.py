@@ -562,6 +562,14 @@ def _cxx_references_counted() -> bool:
     return counted
 
 
+def _largest_unit(plan, roots, tensors) -> Tuple[str, int]:
+    """The name and bytes of the largest unit offload would make. No unit
+    outlives this call: its tensors' references would count as holders in
+    held_elsewhere, and their memory would stay beside their homes."""
+    largest = max(make_units(plan, roots, tensors), key=lambda u: u.nbytes)
+    return largest.name, largest.nbytes
+
+
 def held_elsewhere(tensors: Dict[int, torch.Tensor], plan) -> set:
     """The ids of `tensors` that something besides the module holds: a
     module outside it tied to one, a user's variable, an autograd graph, a
@@ -714,11 +722,11 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
                          f"{' ...' if len(meta) > 3 else ''} are on the meta device. Load them "
                          f"first (load_state_dict(..., assign=True) or to_empty + load), or "
                          f"pass their safetensors files as checkpoint=")
-    largest = max(make_units(plan, roots, tensors), key=lambda u: u.nbytes)
-    window = window_bytes("prefetch", False, ahead, largest.nbytes)
+    largest_name, largest_bytes = _largest_unit(plan, roots, tensors)
+    window = window_bytes("prefetch", False, ahead, largest_bytes)
     if budget < window and mode != "in_place":
         raise ValueError(f"torch_uvm: a budget of {budget} bytes cannot stream submodule "
-                         f"'{largest.name}' ({largest.nbytes} bytes): it needs at least {window} "
+                         f"'{largest_name}' ({largest_bytes} bytes): it needs at least {window} "
                          f"bytes (ahead + 1 = {ahead + 1} of the largest submodule). Raise "
                          f"the budget, lower ahead, {'stream smaller units, ' if units else ''}"
                          f"or read it in place (mode='in_place')")
