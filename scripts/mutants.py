@@ -274,6 +274,12 @@ MUTANTS = [
      "decoupled_weight_decay=group.get(\"decoupled_weight_decay\", decoupled))",
      "decoupled_weight_decay=False)",
      ["tests/python/test_host_step.py::test_the_host_steps_arithmetic_is_the_fused_cpu_optimizers"]),
+    ("the unit offload sized outlives the sizing", "torch_uvm/offload.py",
+     "    return largest.name, largest.nbytes",
+     "    global _KEPT\n    _KEPT = largest\n    return largest.name, largest.nbytes",
+     ["tests/python/test_offload_units.py::"
+      "test_sizing_the_largest_unit_leaves_no_holder_of_the_weights",
+      OFFLOAD + "test_offload_holds_the_weights_once_on_the_host_and_gives_back_a_gpu_copy"]),
     ("a dropped offload keeps its share", "torch_uvm/offload.py",
      "weakref.finalize(self, _end_lease, lease)", "weakref.finalize(self, len, [lease])",
      [OFFLOAD + "test_an_offload_dropped_without_undo_gives_back_what_it_held"]),

@@ -113,3 +113,21 @@ def test_bad_units_are_refused_by_name():
         unit_roots(Net(), ["DecoderLayer"])
     with pytest.raises(ValueError, match="matches no submodule"):
         unit_roots(Net(), torch.nn.Dropout)
+
+
+def test_sizing_the_largest_unit_leaves_no_holder_of_the_weights():
+    """offload sizes its largest unit before it asks which tensors something
+    else holds (those keep their memory beside their homes): the unit it
+    sized must be gone by then, or its tensors count as held and the host
+    holds them twice. A unit kept alive is seen as a holder (the check can
+    fail)."""
+    from torch_uvm.offload import _largest_unit, held_elsewhere
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 128))
+    plan = offload_plan(model)
+    roots = unit_roots(model, None)
+    tensors = {id(t): t for _, _, own, _ in plan for _, t, _ in own}
+    assert _largest_unit(plan, roots, tensors) == ("1", (64 * 128 + 128) * 4)
+    assert held_elsewhere(tensors, plan) == set()
+    kept = max(make_units(plan, roots, tensors), key=lambda u: u.nbytes)
+    assert held_elsewhere(tensors, plan) == {id(model[1].weight), id(model[1].bias)}
+    del kept
