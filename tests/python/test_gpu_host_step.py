@@ -212,3 +212,8 @@ def test_host_step_is_refused_before_anything_changes(uvm):
         with pytest.raises(ValueError, match=error):
             handle.stream_optimizer(optimizer, host_step=share)
         assert "step" not in optimizer.__dict__ and handle.host_step == 0
+    handle.stream_optimizer(torch.optim.AdamW(model[0].parameters()), host_step=0.5)
+    other = torch.optim.AdamW(model[1].parameters())
+    with pytest.raises(ValueError, match="every optimizer of one offload takes the same"):
+        handle.stream_optimizer(other, host_step=1.0)
+    assert "step" not in other.__dict__ and handle.host_step == 0.5
