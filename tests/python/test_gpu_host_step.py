@@ -11,19 +11,11 @@ import pytest
 import torch
 
 from conftest import gpu, where
-from offload_helpers import make_model, undo_leftover_offloads
-from test_gpu_training_loops import _SleepInBackward, data, train
+from offload_helpers import make_model
+# (nothing_left_streamed: the loops' autouse fixture, which undoes what a test left)
+from test_gpu_training_loops import MiB, _SleepInBackward, data, nothing_left_streamed, train  # noqa: F401
 
 pytestmark = gpu
-MiB = 1 << 20
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_streamed():
-    yield
-    if torch.cuda.is_available():
-        undo_leftover_offloads()
-        torch.cuda.synchronize()
 
 
 def reference(build, batches, on_host, lr=1e-3):
