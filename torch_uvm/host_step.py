@@ -57,12 +57,12 @@ def check(optimizer: torch.optim.Optimizer, host_step) -> float:
     if host_step == 0:
         return 0.0
     threads()                       # a bad TORCH_UVM_HOST_STEP_THREADS is refused now
-    if not isinstance(optimizer, torch.optim.Adam) and \
-            not isinstance(optimizer, torch.optim.AdamW):
+    if type(optimizer).step not in (torch.optim.Adam.step, torch.optim.AdamW.step):
         raise ValueError(
             f"torch_uvm: host_step steps with PyTorch's fused CPU Adam/AdamW, and this "
-            f"optimizer is a {type(optimizer).__name__}. Use torch.optim.Adam or AdamW, or "
-            f"host_step=0 (every submodule steps on the GPU with the optimizer's own step)")
+            f"optimizer is a {type(optimizer).__name__} (with a step of its own). Use "
+            f"torch.optim.Adam or AdamW, or host_step=0 (every submodule steps on the GPU "
+            f"with the optimizer's own step); host_step is every optimizer's of an offload")
     for g in optimizer.param_groups:
         if g.get("differentiable"):
             raise ValueError("torch_uvm: host_step cannot step a differentiable Adam "
@@ -150,14 +150,15 @@ class HostSteps:
         # what the host's steps took, and the caller's waits for them (stats())
         self._stepped = {"units": 0, "step_seconds": 0.0, "wait_seconds": 0.0}
 
-    def submit(self, handle: "Offloaded", unit: "_Unit", after_compute: bool) -> bool:
-        """Queues `unit`'s step on the host, for every streamed optimizer,
-        after the copies home queued so far (its gradients'), and,
-        `after_compute`, after the compute stream's work so far (in
-        optimizer.step(): what the user did to the gradients at home). Its
-        weights leave their slot first. Returns False, queuing nothing,
-        where its weights or gradients are not all at home (held on the
-        GPU): the caller steps it on the GPU."""
+    def submit(self, handle: "Offloaded", unit: "_Unit", optimizers, in_backward: bool) -> bool:
+        """Queues `unit`'s step on the host, for each of `optimizers` (the
+        (optimizer, its own step) pairs stepping it), after the copies home
+        queued so far (its gradients') and the compute stream's work so far
+        (gradients accumulated at home, kernels reading its weights in
+        place, what the user did to the gradients). Its weights leave their
+        slot first. Returns False, queuing nothing, where its weights or
+        gradients are not all at home (held on the GPU): the caller steps it
+        on the GPU."""
         executor = handle.executor
         executor.evict_unit(unit.index)
         params = [p for p in unit.trainable if p.grad is not None]
@@ -167,12 +168,10 @@ class HostSteps:
         if self._home_stream is None:
             self._home_stream = torch.cuda.ExternalStream(executor.home_stream(),
                                                           device=self.device)
-        ready = [torch.cuda.Event()]
+        ready = [torch.cuda.Event(), torch.cuda.Event()]
         ready[0].record(self._home_stream)
-        if after_compute:
-            ready.append(torch.cuda.Event())
-            ready[1].record(torch.cuda.current_stream(self.device))
-        else:
+        ready[1].record(torch.cuda.current_stream(self.device))
+        if in_backward:
             # In backward the compute stream does not wait for the copies,
             # and the host queues kernels far ahead of the GPU: the memory
             # of gradients whose copies are under way is reused only once
@@ -182,12 +181,14 @@ class HostSteps:
             while len(self._copies) > COPIES_AHEAD:
                 self._copies.popleft().synchronize()
         work = []
-        for optimizer, _ in handle._optimizers:
+        for optimizer, _ in optimizers:
+            # a GradScaler's scale and overflow flag, which a fused Adam reads itself
+            scaling = (getattr(optimizer, "grad_scale", None), getattr(optimizer, "found_inf", None))
             for group in optimizer.param_groups:
                 ids = {id(p) for p in group["params"]}
                 mine = [(p, w, g) for p, (w, g) in zip(params, views) if id(p) in ids]
                 if mine:
-                    work.append((optimizer, group, mine))
+                    work.append((optimizer, group, mine, scaling))
         if self._worker is None:
             self._threads = threads()
             self._worker = concurrent.futures.ThreadPoolExecutor(
@@ -197,29 +198,31 @@ class HostSteps:
 
     def _run(self, ready: List[torch.cuda.Event], work) -> None:
         torch.set_num_threads(self._threads)    # threads(): a new thread's default is every core
-        prepared = [(isinstance(optimizer, torch.optim.AdamW), group,
-                     _states(optimizer, group, mine, self.device))
-                    for optimizer, group, mine in work]   # new homes pinned meanwhile
-        for event in ready:
+        for event in ready:                     # (the states may be read from the GPU below)
             event.synchronize()
+        prepared = [(isinstance(optimizer, torch.optim.AdamW), group,
+                     _states(optimizer, group, mine, self.device),
+                     [None if t is None else t.to("cpu") for t in scaling])
+                    for optimizer, group, mine, scaling in work]
         start = time.perf_counter()
-        for decoupled, group, lists in prepared:
-            _adam_on_cpu(decoupled, group, *lists)
+        for decoupled, group, lists, (grad_scale, found_inf) in prepared:
+            _adam_on_cpu(decoupled, group, *lists, grad_scale=grad_scale, found_inf=found_inf)
         self._stepped["step_seconds"] += time.perf_counter() - start
         self._stepped["units"] += 1
 
     def wait(self) -> None:
         """Every step queued is done; the first that failed raises, naming
         its unit (the others ran)."""
-        pending, self._pending = self._pending, []
         self._copies.clear()
         failed = None
         start = time.perf_counter()
-        for name, future in pending:
+        while self._pending:       # (interrupted, those not waited for stay pending)
+            name, future = self._pending[0]
             try:
                 future.result()
-            except BaseException as e:  # noqa: B902 - raised again below, with its unit
+            except Exception as e:  # raised again below, with its unit
                 failed = failed or (name, e)
+            self._pending.pop(0)
         self._stepped["wait_seconds"] += time.perf_counter() - start
         if failed is not None:
             name, e = failed
@@ -286,12 +289,13 @@ def _states(optimizer, group, mine, device):
 
 
 def _adam_on_cpu(decoupled: bool, group, params, grads, exp_avgs, exp_avg_sqs,
-                 max_exp_avg_sqs, steps) -> None:
+                 max_exp_avg_sqs, steps, grad_scale=None, found_inf=None) -> None:
     beta1, beta2 = group["betas"]
     lr = group["lr"]
     adam(
         params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
-        fused=True, amsgrad=group.get("amsgrad", False), has_complex=False,
+        fused=True, grad_scale=grad_scale, found_inf=found_inf,
+        amsgrad=group.get("amsgrad", False), has_complex=False,
         beta1=float(beta1), beta2=float(beta2),
         lr=float(lr) if isinstance(lr, torch.Tensor) else lr,
         weight_decay=group["weight_decay"], eps=group["eps"],

@@ -252,6 +252,8 @@ class Offloaded:
                                "offload (or give it a budget that holds the whole model) first.")
         if self.executor is None:      # a submodule called on its own first
             self._begin(args, {})
+        elif self._host.pending:        # one called on its own before optimizer.step()
+            self._host.wait()
         self.executor.before(unit.index, False)
 
     def _post(self, unit: _Unit, output=None) -> None:
@@ -317,6 +319,8 @@ class Offloaded:
                 f"torch_uvm: this offload steps {self.host_step} of its streamed submodules on "
                 f"the host for another optimizer; every optimizer of one offload takes the same "
                 f"host_step (got {host_step})")
+        for other in [o for o, _ in self._optimizers] + [optimizer]:   # it steps them all
+            host_step_module.check(other, share or self.host_step)
         if step_in_backward and torch.distributed.is_available() and \
                 torch.distributed.is_initialized():
             warnings.warn(

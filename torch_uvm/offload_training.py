@@ -177,7 +177,7 @@ def _grads_complete(handle: "Offloaded", unit: "_Unit") -> None:
         # home without the backward waiting for the copy; if the host cannot
         # take it now, optimizer.step() steps it
         executor.grads_ready(unit.index, True, False)
-        if handle._host.submit(handle, unit, after_compute=False):
+        if handle._host.submit(handle, unit, handle._optimizers, in_backward=True):
             for p in unit.trainable:
                 p.grad = None
             unit.stepped = True
@@ -346,6 +346,7 @@ def keep_states_home(handle: "Offloaded", optimizer: torch.optim.Optimizer) -> N
                     st[key] = _C.pinned_home(t.detach(), handle.device)
 
     def to_homes(opt, state_dict):
+        handle._host.wait()             # no host step writes the homes loaded below
         params = [p for g in opt.param_groups for p in g["params"]]
         saved = [i for g in state_dict.get("param_groups", []) for i in g["params"]]
         if len(saved) != len(params):
@@ -378,7 +379,6 @@ def keep_states_home(handle: "Offloaded", optimizer: torch.optim.Optimizer) -> N
         # their homes' memory, those in a slot (within the budget) copied.
         # Loaded without map_location (as Lightning does), they land in
         # host memory, not all on the GPU at once. The live states stay.
-        handle._host.wait()                      # the host's steps are done
         torch.cuda.synchronize(handle.device)    # the copies home have passed
         params = [p for g in opt.param_groups for p in g["params"]]
         saved = [i for g in state_dict["param_groups"] for i in g["params"]]
@@ -389,6 +389,9 @@ def keep_states_home(handle: "Offloaded", optimizer: torch.optim.Optimizer) -> N
                 else values
         return {**state_dict, "state": state}
     handle._handles.append(optimizer.register_load_state_dict_pre_hook(to_homes))
+    # (before state_dict reads the states: a first host step may be adding some)
+    handle._handles.append(optimizer.register_state_dict_pre_hook(
+        lambda opt: handle._host.wait()))
     handle._handles.append(optimizer.register_state_dict_post_hook(seen_on_cpu))
 
 
@@ -471,8 +474,9 @@ def step(handle: "Offloaded", optimizer: torch.optim.Optimizer, original_step,
     handle.executor.step_begins()     # the gradients as the compute stream left them
     stepped: List[str] = []
     try:
+        mine = [(optimizer, original_step)]
         for u in host_step.choose(handle):   # the host steps them while the GPU steps the rest
-            if not u.stepped and handle._host.submit(handle, u, after_compute=True):
+            if not u.stepped and handle._host.submit(handle, u, mine, in_backward=False):
                 u.stepped = True
                 stepped.append(u.name)
         for u in handle.units_in_order():
@@ -490,6 +494,12 @@ def step(handle: "Offloaded", optimizer: torch.optim.Optimizer, original_step,
                 _raise_with_note(e, note)
         if plain:
             _own_step(optimizer, original_step, plain, kwargs)
+    except BaseException:
+        try:
+            handle._host.wait()       # its error would hide the one raised here
+        except Exception:             # the first error is the one to see
+            pass
+        raise
     finally:
         try:
             handle._host.wait()       # as torch.optim promises: every weight stepped

@@ -136,6 +136,34 @@ def test_step_returns_with_every_host_step_done(uvm, in_backward, monkeypatch):
     assert len(done) == len(handle.host_stepped_units()) > 0
 
 
+def test_two_optimizers_of_one_offload_step_each_host_weight_once(uvm):
+    """Weights in one AdamW, biases in another, each stepped after backward:
+    each optimizer's step() steps its own parameters on the host, once."""
+    batches = data(3)
+    model = make_model(layers=8, width=1024)
+    handle = uvm.offload(model, budget=24 * MiB)
+    weights = handle.stream_optimizer(
+        torch.optim.AdamW([m.weight for m in model], lr=1e-3), host_step=1.0)
+    biases = handle.stream_optimizer(torch.optim.AdamW([m.bias for m in model], lr=1e-3))
+    got = []
+    for x in batches:
+        loss = model(x).square().mean()
+        loss.backward()
+        weights.step()
+        biases.step()
+        weights.zero_grad()
+        biases.zero_grad()
+        got.append(loss.item())
+    torch.cuda.synchronize()
+    want, resident = reference(lambda: make_model(layers=8, width=1024), batches,
+                               host_names(handle))
+    assert got == want
+    for (name, p), q in zip(model.named_parameters(), resident.parameters()):
+        assert torch.equal(p, q), name
+    assert all(weights.state[u.module.weight]["step"].item() == 3
+               for u in handle.host_stepped_units())
+
+
 def test_a_checkpoint_taken_between_host_steps_resumes_them(uvm, tmp_path):
     """The optimizer's state_dict (the host's moments, as CPU tensors) saved
     after two steps and loaded into a new offload gives the third step of an

@@ -92,3 +92,38 @@ def test_the_host_steps_threads_leave_two_cores_or_follow_the_variable(monkeypat
         with pytest.raises(ValueError, match="TORCH_UVM_HOST_STEP_THREADS is the number"):
             host_step.check(torch.optim.AdamW([p]), 0.5)
     assert host_step.check(torch.optim.AdamW([p]), 0) == 0.0     # no host step: not read
+
+
+@pytest.mark.parametrize("overflow", [False, True])
+def test_the_host_step_reads_a_grad_scalers_scale_as_a_fused_adam_does(overflow):
+    """GradScaler hands a fused Adam its scale and overflow flag rather than
+    unscaling: the host's step divides by the scale, and skips the step
+    (weights and count unchanged) on an overflow, as the optimizer's own."""
+    torch.manual_seed(0)
+    ours = torch.randn(1000)
+    theirs = torch.nn.Parameter(ours.clone())
+    optimizer = torch.optim.AdamW([theirs], lr=1e-2, fused=True)
+    scale, found = torch.tensor(1024.0), torch.tensor(1.0 if overflow else 0.0)
+    optimizer.grad_scale, optimizer.found_inf = scale, found
+    grad = torch.randn(1000) * 1024
+    theirs.grad = grad.clone()
+    optimizer.step()
+    moments, step = [torch.zeros(1000), torch.zeros(1000)], torch.zeros(())
+    before = ours.clone()
+    host_step._adam_on_cpu(True, optimizer.param_groups[0], [ours], [grad], [moments[0]],
+                           [moments[1]], [], [step], grad_scale=scale, found_inf=found)
+    assert torch.equal(ours, theirs.detach())
+    assert torch.equal(ours, before) == overflow and step.item() == (0 if overflow else 1)
+
+
+def test_an_adam_subclass_with_a_step_of_its_own_is_refused():
+    class Mine(torch.optim.AdamW):
+        def step(self, closure=None):
+            return super().step(closure)
+
+    class Plain(torch.optim.AdamW):
+        pass
+    p = torch.nn.Parameter(torch.zeros(4))
+    with pytest.raises(ValueError, match="this optimizer is a Mine"):
+        host_step.check(Mine([p]), 1.0)
+    assert host_step.check(Plain([p]), 1.0) == 1.0
