@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import inspect
 import math
 import os
 import time
@@ -57,7 +58,10 @@ def check(optimizer: torch.optim.Optimizer, host_step) -> float:
     if host_step == 0:
         return 0.0
     threads()                       # a bad TORCH_UVM_HOST_STEP_THREADS is refused now
-    if type(optimizer).step not in (torch.optim.Adam.step, torch.optim.AdamW.step):
+    # (torch.optim wraps each class's step when its first instance is made:
+    # compared unwrapped, a subclass that only inherits it is Adam's own)
+    if inspect.unwrap(type(optimizer).step) not in (inspect.unwrap(torch.optim.Adam.step),
+                                                    inspect.unwrap(torch.optim.AdamW.step)):
         raise ValueError(
             f"torch_uvm: host_step steps with PyTorch's fused CPU Adam/AdamW, and this "
             f"optimizer is a {type(optimizer).__name__} (with a step of its own). Use "
@@ -145,7 +149,7 @@ class HostSteps:
         self._worker: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._pending: List[tuple] = []         # (unit name, future)
         self._copies: collections.deque = collections.deque()  # gradients' copies home in backward
-        self._home_stream = None
+        self._home_stream = self._side = None   # the executor's, and one for the worker's reads
         self._threads = 0               # threads(), read at the first step
         # what the host's steps took, and the caller's waits for them (stats())
         self._stepped = {"units": 0, "step_seconds": 0.0, "wait_seconds": 0.0}
@@ -168,6 +172,7 @@ class HostSteps:
         if self._home_stream is None:
             self._home_stream = torch.cuda.ExternalStream(executor.home_stream(),
                                                           device=self.device)
+            self._side = torch.cuda.Stream(self.device)
         ready = [torch.cuda.Event(), torch.cuda.Event()]
         ready[0].record(self._home_stream)
         ready[1].record(torch.cuda.current_stream(self.device))
@@ -200,10 +205,14 @@ class HostSteps:
         torch.set_num_threads(self._threads)    # threads(): a new thread's default is every core
         for event in ready:                     # (the states may be read from the GPU below)
             event.synchronize()
-        prepared = [(isinstance(optimizer, torch.optim.AdamW), group,
-                     _states(optimizer, group, mine, self.device),
-                     [None if t is None else t.to("cpu") for t in scaling])
-                    for optimizer, group, mine, scaling in work]
+        # what it reads from the GPU (a GradScaler's scale, states a GPU step
+        # left) is ready: read on a stream of its own, not the default one,
+        # which would wait for every GPU step queued since
+        with torch.cuda.stream(self._side):
+            prepared = [(isinstance(optimizer, torch.optim.AdamW), group,
+                         _states(optimizer, group, mine, self.device),
+                         [None if t is None else t.to("cpu") for t in scaling])
+                        for optimizer, group, mine, scaling in work]
         start = time.perf_counter()
         for decoupled, group, lists, (grad_scale, found_inf) in prepared:
             _adam_on_cpu(decoupled, group, *lists, grad_scale=grad_scale, found_inf=found_inf)

@@ -252,8 +252,9 @@ class Offloaded:
                                "offload (or give it a budget that holds the whole model) first.")
         if self.executor is None:      # a submodule called on its own first
             self._begin(args, {})
-        elif self._host.pending:        # one called on its own before optimizer.step()
-            self._host.wait()
+        elif self._host.pending and not self._backward.active:
+            self._host.wait()           # one called on its own before optimizer.step()
+            # (in backward, a checkpointed layer's forward again: the host steps on)
         self.executor.before(unit.index, False)
 
     def _post(self, unit: _Unit, output=None) -> None:
