@@ -295,18 +295,94 @@ def pinned_rate(nbytes: int = 1 << 30) -> dict:
     return best
 
 
+def shared_host_rates(nbytes: int = 1 << 30, copies: int = 12, elements: int = 1 << 26) -> dict:
+    """What the link and the host's step do beside each other, for they share
+    the host's memory: pinned copies of `nbytes` both ways at once, `copies`
+    queued on a stream each way (GB/s each way); PyTorch's fused CPU AdamW
+    over `elements` fp32 on a host step's threads (every intra-op thread but
+    two, torch_uvm.host_step.threads()) alone, then stepping again and again
+    while both ways' copies run (elements a second), and the copies' rates
+    beside it."""
+    import torch
+    host_in = torch.ones(nbytes // 2, dtype=torch.float16).pin_memory()
+    host_out = torch.empty_like(host_in).pin_memory()
+    dev_in, dev_out = torch.empty_like(host_in, device="cuda"), torch.ones_like(host_in,
+                                                                                 device="cuda")
+    streams = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def both_ways():
+        marks = []
+        for stream, dst, src in zip(streams, (dev_in, host_out), (host_in, dev_out)):
+            with torch.cuda.stream(stream):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                    enable_timing=True)
+                start.record()
+                for _ in range(copies):
+                    dst.copy_(src, non_blocking=True)
+                end.record()
+            marks.append((start, end))
+        return marks
+
+    def rates(marks):
+        torch.cuda.synchronize()
+        return [copies * nbytes / (a.elapsed_time(b) / 1e3) / 1e9 for a, b in marks]
+    rates(both_ways())                       # a warm-up
+    h2d, d2h = rates(both_ways())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads - 2))
+    try:
+        p = torch.nn.Parameter(torch.zeros(elements))
+        p.grad = torch.full_like(p, 1e-3)
+        optimizer = torch.optim.AdamW([p], lr=1e-4, fused=True)
+        optimizer.step()
+        alone = 0.0
+        for _ in range(3):
+            t0 = time.perf_counter()
+            optimizer.step()
+            alone = max(alone, elements / (time.perf_counter() - t0))
+        marks = both_ways()
+        n, t0 = 0, time.perf_counter()
+        while not all(end.query() for _, end in marks):
+            optimizer.step()
+            n += 1
+        beside = n * elements / (time.perf_counter() - t0)
+        h2d_beside, d2h_beside = rates(marks)
+    finally:
+        torch.set_num_threads(threads)
+    return {"both_ways_h2d_gbps": h2d, "both_ways_d2h_gbps": d2h,
+            "host_step_threads": max(1, threads - 2),
+            "adamw_alone_elements_per_s": alone, "adamw_beside_copies_elements_per_s": beside,
+            "h2d_beside_adamw_gbps": h2d_beside, "d2h_beside_adamw_gbps": d2h_beside}
+
+
+def describe_shared_host(r: dict) -> str:
+    """shared_host_rates' answer as a line of text."""
+    return (f"the host's memory, shared: pinned copies both ways at once "
+            f"{r['both_ways_h2d_gbps']:.1f} / {r['both_ways_d2h_gbps']:.1f} GB/s; fused CPU AdamW "
+            f"on {r['host_step_threads']} threads alone {r['adamw_alone_elements_per_s'] / 1e9:.2f} "
+            f"G elements/s, beside both copies {r['adamw_beside_copies_elements_per_s'] / 1e9:.2f}, "
+            f"the copies then {r['h2d_beside_adamw_gbps']:.1f} / {r['d2h_beside_adamw_gbps']:.1f} "
+            f"GB/s")
+
+
 def median_of(runs: List[Optional[dict]], key: str, default: float) -> float:
     """The median of `key` over a variant's runs, or `default` if none ran."""
     s = summarize([r[key] for r in runs if r])
     return default if s is None else s["median"]
 
 
-def profiled(fn: Callable[[], None], path: str) -> dict:
+def profiled(fn: Callable[[], None], path: str,
+             spans: Optional[Callable[[], List[tuple]]] = None) -> dict:
     """Runs `fn` once under torch.profiler, writes the trace (Chrome/Perfetto
     JSON) to `path`, and returns where the GPU's time went: per stream, the
     milliseconds its kernels and copies took, and the span from the first
     GPU event to the last. Streams busy at once overlap: their times add up
-    to more than the span."""
+    to more than the span. ``busy`` (busy_times) says how long any kernel,
+    any copy to the GPU, any copy home and any host step ran, each counted
+    once however many ran at once, over the span and within each
+    ``phase::<name>`` range `fn` marked (record_function). `spans` gives the
+    host's steps as (name, start, end) in time.time_ns() (HostSteps.spans:
+    a worker thread's ranges do not reach torch.profiler's trace)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     # record_shapes: a range's arguments (torch_uvm's bytes) reach the trace
@@ -316,7 +392,12 @@ def profiled(fn: Callable[[], None], path: str) -> dict:
         torch.cuda.synchronize()
     prof.export_chrome_trace(path)
     with open(path) as f:
-        events = json.load(f)["traceEvents"]
+        trace = json.load(f)
+    events = trace["traceEvents"]
+    base = trace.get("baseTimeNanoseconds")
+    if spans is not None and base is not None:     # the trace's ts: µs after its base
+        events += [{"name": f"torch_uvm::host_step {n}", "cat": "host", "ts": (a - base) / 1e3,
+                    "dur": (b - a) / 1e3} for n, a, b in spans()]
     gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
            and "dur" in e]
     streams: Dict[str, dict] = {}
@@ -334,7 +415,72 @@ def profiled(fn: Callable[[], None], path: str) -> dict:
             o["count"] += 1
             o["cpu_ms"] += e["dur"] / 1e3
             o["bytes"] += int(e.get("args", {}).get("bytes", 0) or 0)
-    return {"gpu_span_ms": span, "streams": streams, "torch_uvm": ours, "trace": path}
+    return {"gpu_span_ms": span, "streams": streams, "torch_uvm": ours, "trace": path,
+            "busy": busy_times(events)}
+
+
+# what busy_times counts: a trace event's kind, or None
+def _busy_kind(e: dict) -> Optional[str]:
+    name = e.get("name", "")
+    if e.get("cat") == "kernel":
+        return "kernels"
+    if e.get("cat") == "gpu_memcpy":
+        return "to_gpu" if "HtoD" in name else "home" if "DtoH" in name else "on_gpu"
+    if name.startswith("torch_uvm::host_step"):
+        return "host_step"
+    return None
+
+
+def _union_ms(intervals: List[tuple], lo: float, hi: float) -> float:
+    """Milliseconds of [lo, hi] (trace µs) that at least one interval covers."""
+    total, end = 0.0, lo
+    for a, b in sorted(intervals):
+        a, b = max(a, end), min(b, hi)
+        if b > a:
+            total += b - a
+            end = b
+    return total / 1e3
+
+
+def busy_times(events: List[dict]) -> dict:
+    """Within the span of the GPU's events, and within each ``phase::<name>``
+    range: its milliseconds, and how many of them some kernel ran, some copy
+    to the GPU ran, some copy home ran, a host step ran (torch_uvm::host_step
+    ranges), and nothing on the GPU ran; each copy direction's bytes and its
+    rate while busy (GB/s). Each counted once however many ran at once: a
+    phase whose kernels and copies overlap shows busy times adding up to
+    more than its length, one that serialises them shows them adding up to
+    it."""
+    kinds: Dict[str, List[tuple]] = {}
+    moved = {"to_gpu": 0, "home": 0}
+    for e in events:
+        k = _busy_kind(e) if "dur" in e else None
+        if k is None:
+            continue
+        kinds.setdefault(k, []).append((e["ts"], e["ts"] + e["dur"]))
+        if k in moved:
+            moved[k] += int(e.get("args", {}).get("bytes", 0) or 0)
+    gpu = [iv for k in ("kernels", "to_gpu", "home", "on_gpu") for iv in kinds.get(k, [])]
+    if not gpu:
+        return {}
+    windows = {"step": (min(a for a, _ in gpu), max(b for _, b in gpu))}
+    for e in events:
+        if e.get("name", "").startswith("phase::") and "dur" in e:
+            windows[e["name"][len("phase::"):]] = (e["ts"], e["ts"] + e["dur"])
+    out = {}
+    for name, (lo, hi) in windows.items():
+        w = {"ms": (hi - lo) / 1e3, "gpu_idle_ms": (hi - lo) / 1e3 - _union_ms(gpu, lo, hi)}
+        for k in ("kernels", "to_gpu", "home", "host_step"):
+            w[f"{k}_ms"] = _union_ms(kinds.get(k, []), lo, hi)
+        copies = kinds.get("to_gpu", []) + kinds.get("home", [])
+        w["kernels_without_copies_ms"] = (_union_ms(kinds.get("kernels", []) + copies, lo, hi)
+                                          - _union_ms(copies, lo, hi))
+        out[name] = w
+    for k, n in moved.items():
+        busy = _union_ms(kinds.get(k, []), *windows["step"])
+        out["step"][f"{k}_gb"] = n / 1e9
+        out["step"][f"{k}_gbps_while_busy"] = n / 1e6 / busy if busy else None
+    return out
 
 
 def describe_profile(name: str, p: dict) -> str:
@@ -346,8 +492,17 @@ def describe_profile(name: str, p: dict) -> str:
     for what, v in sorted(p["torch_uvm"].items()):
         lines.append(f"  {what}: {v['count']} ranges, {v['cpu_ms']:.1f} ms on the host, "
                      f"{v['bytes'] / 2**20:.0f} MiB")
+    for phase, w in p.get("busy", {}).items():
+        lines.append(
+            f"  {phase}: {w['ms']:.1f} ms; busy: kernels {w['kernels_ms']:.1f} (without a copy "
+            f"beside them {w['kernels_without_copies_ms']:.1f}), to the GPU {w['to_gpu_ms']:.1f}, "
+            f"home {w['home_ms']:.1f}, host step {w['host_step_ms']:.1f}; GPU idle "
+            f"{w['gpu_idle_ms']:.1f}")
+        for k in ("to_gpu", "home"):
+            if w.get(f"{k}_gbps_while_busy"):
+                lines.append(f"    {k}: {w[f'{k}_gb']:.2f} GB at {w[f'{k}_gbps_while_busy']:.1f} "
+                             f"GB/s while busy")
     return "\n".join(lines)
-
 
 
 # The least any placement must move (issue 36). A budget of B bytes holds at

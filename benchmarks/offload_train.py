@@ -284,7 +284,7 @@ def run(scenario, variant):
     measured by the driver around everything that touches the GPU."""
     import torch
     if variant == "pinned_rate":
-        return {**method.pinned_rate(), **method.host_adamw_rate()}
+        return {**method.pinned_rate(), **method.host_adamw_rate(), **method.shared_host_rates()}
     method.deterministic_kernels()
     if variant.startswith("torch_uvm"):
         import torch_uvm
@@ -366,13 +366,21 @@ def measure(scenario, variant):
     torch.cuda.synchronize()
     steady = sorted(times[1:])
     where = os.environ.get("OFFLOAD_PROFILE")   # a folder: one more step, profiled
-    if where and variant in ("resident", "torch_uvm", "torch_uvm_in_backward"):
+    if where and (variant in ("resident", "torch_uvm", "torch_uvm_in_backward")
+                  or uvm and method.variant_host_step(variant)):
         os.makedirs(where, exist_ok=True)
 
-        def one_step():
-            loss_fn(model, x).backward()
-            optimizer.step()
-            optimizer.zero_grad()
+        def one_step():    # each phase marked, for where its time went (method.busy_times)
+            with torch.profiler.record_function("phase::forward"):
+                loss = loss_fn(model, x)
+                torch.cuda.synchronize()
+            with torch.profiler.record_function("phase::backward"):
+                loss.backward()
+                torch.cuda.synchronize()
+            with torch.profiler.record_function("phase::step"):
+                optimizer.step()
+                optimizer.zero_grad()
+                torch.cuda.synchronize()
         trace = os.path.join(where, f"{scenario}_{variant}.json")
         recorded = {}
 
@@ -380,7 +388,8 @@ def measure(scenario, variant):
             with torch_uvm.profile() as recorded["timeline"]:
                 one_step()
                 torch.cuda.synchronize()
-        extra["profile"] = method.profiled(step_recorded if uvm else one_step, trace)
+        extra["profile"] = method.profiled(step_recorded if uvm else one_step, trace,
+                                           spans=handle._host.spans if uvm else None)
         if uvm:
             timeline, stem = recorded["timeline"], trace[:-len(".json")]
             timeline.export_chrome_trace(stem + "_with_residency.json", merge_with=trace)
@@ -534,6 +543,9 @@ def report(scenario, runs, rounds):
               f"mix of placements; the GPU's compute not counted): "
               f"{host['seconds']:.3f} s, placing "
               + ", ".join(f"{n} {b / GiB:.2f} GiB" for n, b in host["mix_bytes"].items()))
+    shared = next((r for r in runs.get("pinned_rate", []) if r and "both_ways_h2d_gbps" in r), None)
+    if shared:
+        print(method.describe_shared_host(shared))
     unit = "tokens/s" if scenario in TOKENS else "s / step"
     print(f"| variant | {unit} (median of rounds; min-max) | x the link limit ({LEAST}) | "
           f"x the link limit {ON_GPU} (a host_step variant: its own placement's) | x {HOST} | "

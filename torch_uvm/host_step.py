@@ -153,6 +153,7 @@ class HostSteps:
         self._threads = 0               # threads(), read at the first step
         # what the host's steps took, and the caller's waits for them (stats())
         self._stepped = {"units": 0, "step_seconds": 0.0, "wait_seconds": 0.0}
+        self._spans: collections.deque = collections.deque(maxlen=4096)   # spans()
 
     def submit(self, handle: "Offloaded", unit: "_Unit", optimizers, in_backward: bool) -> bool:
         """Queues `unit`'s step on the host, for each of `optimizers` (the
@@ -198,11 +199,18 @@ class HostSteps:
             self._threads = threads()
             self._worker = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="torch_uvm_host_step")
-        self._pending.append((unit.name, self._worker.submit(self._run, ready, work)))
+        self._pending.append((unit.name, self._worker.submit(self._run, unit.name, ready, work)))
         return True
 
-    def _run(self, ready: List[torch.cuda.Event], work) -> None:
+    def _run(self, name: str, ready: List[torch.cuda.Event], work) -> None:
         torch.set_num_threads(self._threads)    # threads(): a new thread's default is every core
+        start = time.time_ns()
+        try:
+            self._step(ready, work)
+        finally:
+            self._spans.append((name, start, time.time_ns()))
+
+    def _step(self, ready: List[torch.cuda.Event], work) -> None:
         for event in ready:                     # (the states may be read from the GPU below)
             event.synchronize()
         # what it reads from the GPU (a GradScaler's scale, states a GPU step
@@ -245,6 +253,12 @@ class HostSteps:
         and the seconds callers waited for them (optimizer.step(), a forward,
         undo): what the host's step added to the GPU's."""
         return dict(self._stepped)
+
+    def spans(self) -> List[tuple]:
+        """The last 4096 host steps: (submodule, start, end), in the wall
+        clock's nanoseconds (time.time_ns(), as a torch.profiler trace's
+        baseTimeNanoseconds), from its waits for the GPU to its last kernel."""
+        return list(self._spans)
 
     @property
     def pending(self) -> bool:

@@ -140,3 +140,31 @@ def test_a_variants_budget_is_read_from_its_name():
     assert method.variant_gib("resident") is None
     assert method.variant_gib("torch_uvm_4GiBx") is None
     assert method.variant_gib("torch_uvm_0.5GiB") == 0.5
+
+
+def test_busy_times_counts_each_kind_once_and_splits_the_phases():
+    """Two kernels overlapping count once; a copy beside a kernel leaves the
+    kernel's time without a copy shorter; the GPU idle between them; each
+    phase sees only its own window; rates while busy."""
+    ev = [
+        {"cat": "kernel", "name": "k1", "ts": 0, "dur": 100},
+        {"cat": "kernel", "name": "k2", "ts": 50, "dur": 100},          # overlaps k1: 0-150
+        {"cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": 100, "dur": 100,
+         "args": {"bytes": 5_000_000}},                                 # 100-200
+        {"cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": 300, "dur": 50,
+         "args": {"bytes": 1_000_000}},                                 # 300-350, idle 200-300
+        {"cat": "cpu_op", "name": "torch_uvm::host_step layers.3", "ts": 250, "dur": 200},
+        {"cat": "user_annotation", "name": "phase::forward", "ts": 0, "dur": 200},
+        {"cat": "user_annotation", "name": "phase::backward", "ts": 200, "dur": 150},
+    ]
+    b = method.busy_times(ev)
+    step, fwd, bwd = b["step"], b["forward"], b["backward"]
+    ms = pytest.approx
+    assert step["ms"] == ms(0.35) and step["gpu_idle_ms"] == ms(0.1)
+    assert (step["kernels_ms"], step["to_gpu_ms"], step["home_ms"]) == (ms(0.15), ms(0.1), ms(0.05))
+    assert step["kernels_without_copies_ms"] == ms(0.1)  # 0-100
+    assert step["host_step_ms"] == ms(0.1)               # clipped to the span: 250-350
+    assert step["to_gpu_gbps_while_busy"] == ms(50.0) and step["home_gbps_while_busy"] == ms(20.0)
+    assert (fwd["kernels_ms"], fwd["to_gpu_ms"], fwd["home_ms"]) == (ms(0.15), ms(0.1), 0)
+    assert (bwd["kernels_ms"], bwd["home_ms"], bwd["gpu_idle_ms"]) == (0, ms(0.05), ms(0.1))
+    assert method.busy_times([]) == {}
