@@ -372,7 +372,7 @@ def median_of(runs: List[Optional[dict]], key: str, default: float) -> float:
 
 
 def profiled(fn: Callable[[], None], path: str,
-             spans: Optional[Callable[[], List[tuple]]] = None) -> dict:
+             spans: Optional[Callable[[], List[tuple]]] = None, cpu_ops: bool = True) -> dict:
     """Runs `fn` once under torch.profiler, writes the trace (Chrome/Perfetto
     JSON) to `path`, and returns where the GPU's time went: per stream, the
     milliseconds its kernels and copies took, and the span from the first
@@ -380,14 +380,16 @@ def profiled(fn: Callable[[], None], path: str,
     to more than the span. ``busy`` (busy_times) says how long any kernel,
     any copy to the GPU, any copy home and any host step ran, each counted
     once however many ran at once, over the span and within each
-    ``phase::<name>`` range `fn` marked (record_function). `spans` gives the
-    host's steps as (name, start, end) in time.time_ns() (HostSteps.spans:
-    a worker thread's ranges do not reach torch.profiler's trace)."""
+    ``phase::<name>`` range `fn` marked (record_function). `spans` gives
+    more ranges as (name, start, end) in time.time_ns(): phases, and host
+    steps (HostSteps.spans: a worker thread's ranges do not reach
+    torch.profiler's trace). ``cpu_ops=False`` records the GPU's work alone:
+    recording every operator on the host slows the launches it times."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     # record_shapes: a range's arguments (torch_uvm's bytes) reach the trace
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                 record_shapes=True) as prof:
+    with profile(activities=[ProfilerActivity.CPU] * cpu_ops + [ProfilerActivity.CUDA],
+                 record_shapes=cpu_ops) as prof:
         fn()
         torch.cuda.synchronize()
     prof.export_chrome_trace(path)
@@ -396,8 +398,8 @@ def profiled(fn: Callable[[], None], path: str,
     events = trace["traceEvents"]
     base = trace.get("baseTimeNanoseconds")
     if spans is not None and base is not None:     # the trace's ts: µs after its base
-        events += [{"name": f"torch_uvm::host_step {n}", "cat": "host", "ts": (a - base) / 1e3,
-                    "dur": (b - a) / 1e3} for n, a, b in spans()]
+        events += [{"name": n, "cat": "span", "ts": (a - base) / 1e3, "dur": (b - a) / 1e3}
+                   for n, a, b in spans()]
     gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
            and "dur" in e]
     streams: Dict[str, dict] = {}

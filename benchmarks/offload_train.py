@@ -370,17 +370,25 @@ def measure(scenario, variant):
                   or uvm and method.variant_host_step(variant)):
         os.makedirs(where, exist_ok=True)
 
+        marks = []
+
         def one_step():    # each phase marked, for where its time went (method.busy_times)
-            with torch.profiler.record_function("phase::forward"):
-                loss = loss_fn(model, x)
+            for phase in ("forward", "backward", "step"):
+                start = time.time_ns()
+                if phase == "forward":
+                    loss = loss_fn(model, x)
+                elif phase == "backward":
+                    loss.backward()
+                else:
+                    optimizer.step()
+                    optimizer.zero_grad()
                 torch.cuda.synchronize()
-            with torch.profiler.record_function("phase::backward"):
-                loss.backward()
-                torch.cuda.synchronize()
-            with torch.profiler.record_function("phase::step"):
-                optimizer.step()
-                optimizer.zero_grad()
-                torch.cuda.synchronize()
+                marks.append((f"phase::{phase}", start, time.time_ns()))
+
+        def spans():
+            host = [(f"torch_uvm::host_step {n}", a, b) for n, a, b in handle._host.spans()] \
+                if uvm else []
+            return marks + host
         trace = os.path.join(where, f"{scenario}_{variant}.json")
         recorded = {}
 
@@ -388,8 +396,9 @@ def measure(scenario, variant):
             with torch_uvm.profile() as recorded["timeline"]:
                 one_step()
                 torch.cuda.synchronize()
+        # the host's operators not recorded: recording them slows the launches timed
         extra["profile"] = method.profiled(step_recorded if uvm else one_step, trace,
-                                           spans=handle._host.spans if uvm else None)
+                                           spans=spans, cpu_ops=False)
         if uvm:
             timeline, stem = recorded["timeline"], trace[:-len(".json")]
             timeline.export_chrome_trace(stem + "_with_residency.json", merge_with=trace)
