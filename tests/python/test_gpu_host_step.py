@@ -126,9 +126,9 @@ def test_step_returns_with_every_host_step_done(uvm, in_backward, monkeypatch):
     train(model, optimizer, data(1))
     done, real = [], host_step._adam_on_cpu
 
-    def slow(*args):
+    def slow(*args, **kwargs):
         time.sleep(0.2)
-        real(*args)
+        real(*args, **kwargs)
         done.append(1)
     monkeypatch.setattr(host_step, "_adam_on_cpu", slow)
     model(data(1)[0]).square().mean().backward()
