@@ -411,7 +411,7 @@ def profiled(fn: Callable[[], None], path: str,
     span = (max(e["ts"] + e["dur"] for e in gpu) - min(e["ts"] for e in gpu)) / 1e3 if gpu else 0
     ours = {}
     for e in events:
-        if e.get("name", "").startswith("torch_uvm::") and "dur" in e:
+        if e.get("name", "").startswith("torch_uvm::") and "dur" in e and e.get("cat") != "span":
             what = e["name"].split(" ")[0]
             o = ours.setdefault(what, {"count": 0, "cpu_ms": 0.0, "bytes": 0})
             o["count"] += 1

@@ -365,6 +365,8 @@ def measure(scenario, variant):
         times.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
     steady = sorted(times[1:])
+    if handle is not None:      # the timed steps' (before a profiled one)
+        after, host_after = handle.residency_stats(), handle.host_step_stats()
     where = os.environ.get("OFFLOAD_PROFILE")   # a folder: one more step, profiled
     if where and (variant in ("resident", "torch_uvm", "torch_uvm_in_backward")
                   or uvm and method.variant_host_step(variant)):
@@ -409,12 +411,10 @@ def measure(scenario, variant):
                 print(e)
             extra["residency_peaks"] = timeline.peaks()
     if handle is not None:
-        after = handle.residency_stats()
         extra["units_in_order"] = [u.name for u in handle.units_in_order()]
         n = conf["steps"] - 1
         resident = handle.resident_units()
         extra["host_stepped_bytes"] = sum(u.trainable_bytes for u in handle.host_stepped_units())
-        host_after = handle.host_step_stats()   # per step after the first
         extra["host_step_per_step"] = {k: (host_after[k] - host_before[k]) / (conf["steps"] - 1)
                                        for k in host_after}
         extra.update({"peak_resident_bytes": after["resident_bytes.peak"],
