@@ -233,6 +233,7 @@ void StreamExecutor::plan(std::size_t per_streamed, std::size_t per_any) {
     }
   }
   window_bytes_ = static_cast<std::size_t>(ahead_ + 1) * planned.largest_streamed;
+  step_units_ = per_any;
   for (Unit& u : units_) {
     if (u.resident) wait_ready(u.tensors);
   }

@@ -199,9 +199,11 @@ class StreamExecutor {
   // Admits and brings `ids` on `stream` (one ready event), holding each.
   // `optional` (brought ahead): not when the arena has no room for them
   // (false: nothing held, nothing counted). Otherwise slots without room
-  // are drawn beside it (counted: arena_misses).
+  // are drawn beside it (counted: arena_misses). `if_free` (beyond the
+  // window, optional too): only into room nothing holds, in the books and
+  // the arena; nothing leaves for them.
   bool bring_entries(const std::vector<int>& ids, c10::cuda::CUDAStream stream,
-                     bool optional = false);
+                     bool optional = false, bool if_free = false);
   void wait_ready(const std::vector<int>& ids);
   void carry_out(const std::vector<EvictionStep>& steps);
   // `ids` leave now, counted as evictions by how they leave (written ones go
@@ -211,6 +213,12 @@ class StreamExecutor {
   // caller recorded compute_done_ for it). Returns whether it was written home.
   bool leave(int id, bool written);
   void stage_next(int unit, bool backward);
+  // Whether `bytes` more fit beyond the window now: room nothing holds,
+  // beside what a backward's steps still need (step_room).
+  bool room_beyond_window(std::size_t bytes, int at, bool backward) const;
+  // The room a backward's gradients and steps need from route place `at`
+  // on: step_units_ of the largest trainable unit it has still to run.
+  std::size_t step_room(int at) const;
   // The route a pass walks: the planned order, or, in a backward, the
   // forward that built its graph (forward_seq_); a unit's place on it (its
   // last, or -1 if it is not on it).
@@ -247,6 +255,7 @@ class StreamExecutor {
   c10::Device device_;
   int ahead_;
   std::size_t window_bytes_ = 0;  // the running unit and those brought ahead (after plan)
+  std::size_t step_units_ = 0;    // the plan's room for a step, in its largest trainable unit
   bool in_place_;
   bool training_;
   bool planned_ = false;

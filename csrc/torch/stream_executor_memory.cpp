@@ -105,7 +105,8 @@ bool StreamExecutor::leave(int id, bool written) {
 }
 
 bool StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAStream stream,
-                                   bool optional) {
+                                   bool optional, bool if_free) {
+  optional = optional || if_free;
   // A home written in place on the compute stream (DDP's averaged gradient)
   // is copied after that write.
   for (int id : ids) {
@@ -143,7 +144,9 @@ bool StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAS
     make_room();
     std::vector<std::size_t> sizes;
     for (int id : coming) sizes.push_back(entries_[id].tensor->nbytes());
-    std::vector<c10::Storage> slots = arena_slots(sizes);
+    // (beyond the window: the arena's free ranges alone, nothing leaves)
+    std::vector<c10::Storage> slots =
+        if_free ? allocate_arena_slots(sizes, *arena_) : arena_slots(sizes);
     if (slots.empty()) {
       if (optional) {  // not now: the arena has no room for them in one piece
         for (int id : coming) budget_.withdraw(key(id));

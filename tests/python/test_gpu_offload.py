@@ -668,6 +668,47 @@ def train_steps(model, optimizer, x, steps=4, between=None):
     return losses
 
 
+@pytest.mark.parametrize("in_backward", [False, True], ids=["step_after", "step_in_backward"])
+def test_a_training_forward_brings_units_beyond_its_window_into_the_steps_empty_room(
+        uvm, in_backward):
+    """A training budget keeps room for a step's gradients and states, empty
+    in a forward: the units after the window (ahead=1: one) come into it
+    while earlier ones compute, so the link is not idle; nothing leaves for
+    them, and the budget holds. Counted on the GPU as each unit starts
+    (bytes_on_gpu of the units still to run), not from the books' brings;
+    the losses stay all resident's, bit for bit."""
+    torch.manual_seed(1)
+    x = torch.randn(64, 1024, device="cuda")
+    reference = make_model(width=1024).cuda()             # 8 x 4 MiB
+    want = train_steps(reference, torch.optim.AdamW(reference.parameters(), lr=1e-3), x)
+    model = make_model(width=1024)
+    handle = uvm.offload(model, budget=24 * MiB)          # a window and a step's room
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                        step_in_backward=in_backward)
+    ahead, peak = [], [0]
+
+    def look(unit):
+        def hook(*_):
+            peak[0] = max(peak[0], streamed_bytes_on_gpu(model, optimizer))
+            if not (handle.training and handle.executor.planned()):
+                return
+            order = handle.units_in_order()
+            later = [u for u in order[order.index(unit) + 1:]
+                     if u not in handle.resident_units()]
+            ahead.append(sum(handle.executor.bytes_on_gpu(u.index) == u.nbytes for u in later))
+        return hook
+    hooks = [u.module.register_forward_pre_hook(look(u)) for u in handle.units]
+    try:
+        got = train_steps(model, optimizer, x)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert got == want
+    assert ahead and max(ahead) >= 3, ahead        # the window alone: 1
+    assert peak[0] <= 24 * MiB
+    handle.undo()
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
 @pytest.mark.parametrize("in_backward", [False, True], ids=["step_after", "step_in_backward"])
 def test_training_under_a_budget_gives_the_all_resident_losses(uvm, in_backward, fused):
