@@ -652,7 +652,8 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     training its start, where backward ends. The rest streams:
     while submodule i runs, the next `ahead` are copied to GPU memory on a
     side stream, and the least recently used leave (written ones are copied
-    home). For inference (``torch.no_grad()``, ``generate``) and training
+    home). Training copies more, beyond those, into budget room nothing
+    holds (a forward's empty room for the step), evicting nothing for them. For inference (``torch.no_grad()``, ``generate``) and training
     (see :meth:`Offloaded.stream_optimizer`).
 
     `mode` says how the streamed weights reach the kernels:
