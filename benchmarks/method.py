@@ -331,15 +331,8 @@ def shared_host_rates(nbytes: int = 1 << 30, copies: int = 12, elements: int = 1
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, threads - 2))
     try:
-        p = torch.nn.Parameter(torch.zeros(elements))
-        p.grad = torch.full_like(p, 1e-3)
-        optimizer = torch.optim.AdamW([p], lr=1e-4, fused=True)
-        optimizer.step()
-        alone = 0.0
-        for _ in range(3):
-            t0 = time.perf_counter()
-            optimizer.step()
-            alone = max(alone, elements / (time.perf_counter() - t0))
+        optimizer = _fused_adamw(elements)
+        alone = _best_step_rate(optimizer, elements)
         marks = both_ways()
         n, t0 = 0, time.perf_counter()
         while not all(end.query() for _, end in marks):
@@ -587,16 +580,29 @@ def host_adamw_rate(elements: int = 1 << 28) -> dict:
     parameter of `elements` with its gradient, best of 3 after a first
     step that makes the states (fp32 elements stepped a second)."""
     import torch
+    best = _best_step_rate(_fused_adamw(elements), elements)
+    return {"host_adamw_elements_per_s": best, "host_threads": torch.get_num_threads()}
+
+
+def _fused_adamw(elements: int):
+    """A fused CPU AdamW over one fp32 parameter of `elements` with its
+    gradient, stepped once (its states made)."""
+    import torch
     p = torch.nn.Parameter(torch.zeros(elements))
     p.grad = torch.full_like(p, 1e-3)
     optimizer = torch.optim.AdamW([p], lr=1e-4, fused=True)
     optimizer.step()
+    return optimizer
+
+
+def _best_step_rate(optimizer, elements: int, tries: int = 3) -> float:
+    """Elements a second of the fastest of `tries` steps."""
     best = 0.0
-    for _ in range(3):
+    for _ in range(tries):
         t0 = time.perf_counter()
         optimizer.step()
         best = max(best, elements / (time.perf_counter() - t0))
-    return {"host_adamw_elements_per_s": best, "host_threads": torch.get_num_threads()}
+    return best
 
 
 # Per byte of fp32 weights: (to the GPU, home, stepped on the host, budget)
