@@ -70,6 +70,7 @@ variant's in the same round. Beside every figure, the process's GPU memory as th
 sees it (method.ProcessGpuMemory), apart from torch_uvm's books.
 """
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -374,18 +375,21 @@ def measure(scenario, variant):
 
         marks = []
 
-        def one_step():    # each phase marked, for where its time went (method.busy_times)
-            for phase in ("forward", "backward", "step"):
-                start = time.time_ns()
-                if phase == "forward":
-                    loss = loss_fn(model, x)
-                elif phase == "backward":
-                    loss.backward()
-                else:
-                    optimizer.step()
-                    optimizer.zero_grad()
-                torch.cuda.synchronize()
-                marks.append((f"phase::{phase}", start, time.time_ns()))
+        @contextlib.contextmanager
+        def phase(name):   # marked, for where its time went (method.busy_times)
+            start = time.time_ns()
+            yield
+            torch.cuda.synchronize()
+            marks.append((f"phase::{name}", start, time.time_ns()))
+
+        def one_step():
+            with phase("forward"):
+                loss = loss_fn(model, x)
+            with phase("backward"):
+                loss.backward()
+            with phase("step"):
+                optimizer.step()
+                optimizer.zero_grad()
 
         def spans():
             host = [(f"torch_uvm::host_step {n}", a, b) for n, a, b in handle._host.spans()] \
