@@ -299,8 +299,8 @@ def shared_host_rates(nbytes: int = 1 << 30, copies: int = 12, elements: int = 1
     """What the link and the host's step do beside each other, for they share
     the host's memory: pinned copies of `nbytes` both ways at once, `copies`
     queued on a stream each way (GB/s each way); PyTorch's fused CPU AdamW
-    over `elements` fp32 on a host step's threads (every intra-op thread but
-    two, torch_uvm.host_step.threads()) alone, then stepping again and again
+    over `elements` fp32 on a host step's threads (torch_uvm.host_step.threads():
+    TORCH_UVM_HOST_STEP_THREADS, else every intra-op thread but two) alone, then stepping again and again
     while both ways' copies run (elements a second), and the copies' rates
     beside it."""
     import torch
@@ -328,8 +328,9 @@ def shared_host_rates(nbytes: int = 1 << 30, copies: int = 12, elements: int = 1
         return [copies * nbytes / (a.elapsed_time(b) / 1e3) / 1e9 for a, b in marks]
     rates(both_ways())                       # a warm-up
     h2d, d2h = rates(both_ways())
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, threads - 2))
+    from torch_uvm.host_step import threads as host_step_threads
+    threads, stepping = torch.get_num_threads(), host_step_threads()
+    torch.set_num_threads(stepping)
     try:
         optimizer = _fused_adamw(elements)
         alone = _best_step_rate(optimizer, elements)
@@ -343,7 +344,7 @@ def shared_host_rates(nbytes: int = 1 << 30, copies: int = 12, elements: int = 1
     finally:
         torch.set_num_threads(threads)
     return {"both_ways_h2d_gbps": h2d, "both_ways_d2h_gbps": d2h,
-            "host_step_threads": max(1, threads - 2),
+            "host_step_threads": stepping,
             "adamw_alone_elements_per_s": alone, "adamw_beside_copies_elements_per_s": beside,
             "h2d_beside_adamw_gbps": h2d_beside, "d2h_beside_adamw_gbps": d2h_beside}
 
