@@ -403,16 +403,28 @@ def profiled(fn: Callable[[], None], path: str,
         s["kernel_ms" if e["cat"] == "kernel" else "copy_ms"] += e["dur"] / 1e3
         s["events"] += 1
     span = (max(e["ts"] + e["dur"] for e in gpu) - min(e["ts"] for e in gpu)) / 1e3 if gpu else 0
-    ours = {}
+    return {"gpu_span_ms": span, "streams": streams, "torch_uvm": torch_uvm_ranges(events),
+            "trace": path, "busy": busy_times(events)}
+
+
+def torch_uvm_ranges(events: List[dict]) -> Dict[str, dict]:
+    """torch_uvm's ranges in a trace, by kind (bring_ahead, write_home...):
+    how many, the milliseconds the host spent in them, their bytes, and the
+    milliseconds of the same ranges on the stream they name (a range given
+    a stream is recorded twice, on the host and on the GPU: the GPU's is
+    its copies' time, not the host's)."""
+    ours: Dict[str, dict] = {}
     for e in events:
         if e.get("name", "").startswith("torch_uvm::") and "dur" in e and e.get("cat") != "span":
-            what = e["name"].split(" ")[0]
-            o = ours.setdefault(what, {"count": 0, "cpu_ms": 0.0, "bytes": 0})
+            o = ours.setdefault(e["name"].split(" ")[0],
+                                {"count": 0, "cpu_ms": 0.0, "gpu_ms": 0.0, "bytes": 0})
+            if e.get("cat") == "gpu_user_annotation":
+                o["gpu_ms"] += e["dur"] / 1e3
+                continue
             o["count"] += 1
             o["cpu_ms"] += e["dur"] / 1e3
             o["bytes"] += int(e.get("args", {}).get("bytes", 0) or 0)
-    return {"gpu_span_ms": span, "streams": streams, "torch_uvm": ours, "trace": path,
-            "busy": busy_times(events)}
+    return ours
 
 
 # what busy_times counts: a trace event's kind, or None
@@ -486,7 +498,8 @@ def describe_profile(name: str, p: dict) -> str:
         lines.append(f"  stream {s}: kernels {v['kernel_ms']:.1f} ms, copies {v['copy_ms']:.1f} ms "
                      f"({v['events']} events)")
     for what, v in sorted(p["torch_uvm"].items()):
-        lines.append(f"  {what}: {v['count']} ranges, {v['cpu_ms']:.1f} ms on the host, "
+        on_gpu = f", {v['gpu_ms']:.1f} ms on its stream" if v.get("gpu_ms") else ""
+        lines.append(f"  {what}: {v['count']} ranges, {v['cpu_ms']:.1f} ms on the host{on_gpu}, "
                      f"{v['bytes'] / 2**20:.0f} MiB")
     for phase, w in p.get("busy", {}).items():
         lines.append(

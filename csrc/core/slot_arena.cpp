@@ -80,11 +80,11 @@ std::vector<void*> SlotArena::place_all(const std::vector<std::size_t>& bytes) {
   return out;
 }
 
-std::vector<void*> SlotArena::allocate_all(const std::vector<std::size_t>& bytes) {
+std::vector<void*> SlotArena::allocate_all(const std::vector<std::size_t>& bytes, bool wait) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (Block* b : pending_.take_completed()) return_to_pool(b);
   std::vector<void*> out = place_all(bytes);
-  if (out.empty() && !bytes.empty() && !pending_.empty()) {
+  if (wait && out.empty() && !bytes.empty() && !pending_.empty()) {
     ++stats_.waits;  // (under the lock: the frees that wait for it are this arena's)
     wait_pending();
     out = place_all(bytes);

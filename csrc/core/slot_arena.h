@@ -51,8 +51,9 @@ class SlotArena {
   // Blocks of `bytes` each (rounded up to kMinBlockSize) for the arena's
   // stream, placed in order, all or none: empty when they do not all find
   // room even once every pending free has passed (the caller makes room, or
-  // takes memory elsewhere).
-  std::vector<void*> allocate_all(const std::vector<std::size_t>& bytes);
+  // takes memory elsewhere). `wait`: false, blocks whose frees are still
+  // pending are not waited for (what may come later needs no wait now).
+  std::vector<void*> allocate_all(const std::vector<std::size_t>& bytes, bool wait = true);
   void* allocate(std::size_t bytes);  // one; nullptr when no room
   // `stream` uses the block at `ptr` too: on free, it is reused only once
   // that stream has passed the free.

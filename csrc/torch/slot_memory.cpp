@@ -131,9 +131,9 @@ std::shared_ptr<SlotArenaMemory> make_slot_arena(std::size_t bytes,
 }
 
 std::vector<c10::Storage> allocate_arena_slots(const std::vector<std::size_t>& bytes,
-                                               SlotArenaMemory& arena) {
+                                               SlotArenaMemory& arena, bool wait) {
   const std::vector<void*> placed =
-      counting_waits(arena, [&](SlotArena& a) { return a.allocate_all(bytes); });
+      counting_waits(arena, [&](SlotArena& a) { return a.allocate_all(bytes, wait); });
   std::vector<c10::Storage> out;
   const c10::Device device(c10::kCUDA, arena.device());
   for (std::size_t k = 0; k < placed.size(); ++k) {

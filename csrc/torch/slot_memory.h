@@ -25,9 +25,10 @@ namespace torch_uvm {
 class SlotArenaMemory;
 // Throws c10::OutOfMemoryError as allocate_slot does.
 std::shared_ptr<SlotArenaMemory> make_slot_arena(std::size_t bytes, c10::cuda::CUDAStream stream);
-// Slots of `bytes` each from `arena`, for its stream, all or none (empty).
+// Slots of `bytes` each from `arena`, for its stream, all or none (empty);
+// `wait`: for its pending frees if they leave no room (SlotArena::allocate_all).
 std::vector<c10::Storage> allocate_arena_slots(const std::vector<std::size_t>& bytes,
-                                               SlotArenaMemory& arena);
+                                               SlotArenaMemory& arena, bool wait = true);
 // Slots of `bytes` each from PyTorch's own allocator for `arena`'s stream,
 // beside the arena that had no room for them (counted: arena_misses).
 std::vector<c10::Storage> allocate_slots_beside(const std::vector<std::size_t>& bytes,

@@ -144,9 +144,10 @@ bool StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAS
     make_room();
     std::vector<std::size_t> sizes;
     for (int id : coming) sizes.push_back(entries_[id].tensor->nbytes());
-    // (beyond the window: the arena's free ranges alone, nothing leaves)
+    // (beyond the window: the arena's free ranges alone, nothing leaves,
+    // and the host does not wait for the GPU to pass slots let go)
     std::vector<c10::Storage> slots =
-        if_free ? allocate_arena_slots(sizes, *arena_) : arena_slots(sizes);
+        if_free ? allocate_arena_slots(sizes, *arena_, /*wait=*/false) : arena_slots(sizes);
     if (slots.empty()) {
       if (optional) {  // not now: the arena has no room for them in one piece
         for (int id : coming) budget_.withdraw(key(id));

@@ -91,6 +91,24 @@ TEST_F(SlotArenaTest, ASlotAnotherStreamUsedIsReusedOnlyOnceThatStreamPassed) {
   EXPECT_EQ(arena_.stats().waits, 1u);
 }
 
+// A draw that need not happen now (a bring beyond an offload's window)
+// says no where only pending frees would make room: the host does not wait
+// for the GPU for it. A draw that must happen waits, as before.
+TEST_F(SlotArenaTest, ADrawThatNeedNotWaitTakesNoPendingFree) {
+  runtime_.set_auto_complete_events(false);
+  void* a = arena_.allocate(8 * kMiB);
+  arena_.record_stream(a, kCompute);
+  arena_.free(a);
+  EXPECT_TRUE(arena_.allocate_all({4 * kMiB}, /*wait=*/false).empty());
+  EXPECT_EQ(arena_.stats().waits, 0u);
+  EXPECT_EQ(arena_.stats().allocated, 0u);
+  runtime_.complete_events();                    // a's stream passed: taken, no wait
+  auto one = arena_.allocate_all({4 * kMiB}, /*wait=*/false);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0], a);
+  EXPECT_EQ(arena_.stats().waits, 0u);
+}
+
 // Slots drawn together (a submodule's tensors) all find room, or none is
 // taken: a failed try leaves the range and the cursor as they were.
 TEST_F(SlotArenaTest, SlotsDrawnTogetherAllFindRoomOrNoneIsTaken) {

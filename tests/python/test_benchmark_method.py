@@ -168,3 +168,25 @@ def test_busy_times_counts_each_kind_once_and_splits_the_phases():
     assert (fwd["kernels_ms"], fwd["to_gpu_ms"], fwd["home_ms"]) == (ms(0.15), ms(0.1), 0)
     assert (bwd["kernels_ms"], bwd["home_ms"], bwd["gpu_idle_ms"]) == (0, ms(0.05), ms(0.1))
     assert method.busy_times([]) == {}
+
+
+def test_torch_uvm_ranges_count_the_host_apart_from_the_stream():
+    """A torch_uvm range given a stream is in a trace twice: on the host
+    (its calls) and on the GPU (its copies). The host's time is the host's
+    ranges alone; the GPU's copy of a range is its stream's time, and its
+    bytes are not counted again."""
+    ev = [
+        {"cat": "user_annotation", "name": "torch_uvm::bring_ahead layers.1", "ts": 0,
+         "dur": 20, "args": {"bytes": 4 << 20}},
+        {"cat": "gpu_user_annotation", "name": "torch_uvm::bring_ahead layers.1", "ts": 5,
+         "dur": 1700},
+        {"cat": "user_annotation", "name": "torch_uvm::drop layers.0", "ts": 30, "dur": 10,
+         "args": {"bytes": 1 << 20}},
+        {"cat": "span", "name": "torch_uvm::host_step layers.3", "ts": 0, "dur": 500},
+    ]
+    r = method.torch_uvm_ranges(ev)
+    assert set(r) == {"torch_uvm::bring_ahead", "torch_uvm::drop"}
+    ba = r["torch_uvm::bring_ahead"]
+    assert (ba["count"], ba["bytes"]) == (1, 4 << 20)
+    assert ba["cpu_ms"] == pytest.approx(0.02) and ba["gpu_ms"] == pytest.approx(1.7)
+    assert r["torch_uvm::drop"]["gpu_ms"] == 0
