@@ -630,8 +630,30 @@ PLACEMENTS = {
 }
 
 
+# A fused AdamW step reads each fp32 weight's value, gradient and two
+# moments and writes the value and the moments: 28 bytes of the host's
+# memory per 4-byte weight stepped there.
+ADAMW_HOST_MEMORY = 7
+
+
+def host_memory_rate(rates: dict) -> Optional[float]:
+    """The most the host's memory carried at once in shared_host_rates'
+    measurements (bytes/s): pinned copies both ways, the fused AdamW alone
+    (ADAMW_HOST_MEMORY bytes a weight byte), or both beside each other.
+    None where they did not run."""
+    try:
+        adamw = 4 * ADAMW_HOST_MEMORY
+        return 1e9 * max(rates["both_ways_h2d_gbps"] + rates["both_ways_d2h_gbps"],
+                         adamw * rates["adamw_alone_elements_per_s"] / 1e9,
+                         adamw * rates["adamw_beside_copies_elements_per_s"] / 1e9
+                         + rates["h2d_beside_adamw_gbps"] + rates["d2h_beside_adamw_gbps"])
+    except (KeyError, TypeError):
+        return None
+
+
 def least_step_s(weights: int, budget: int, h2d: float, d2h: float,
-                 host_bytes_per_s: float, compute_s: float = 0.0) -> dict:
+                 host_bytes_per_s: float, compute_s: float = 0.0,
+                 host_memory_bytes_per_s: Optional[float] = None) -> dict:
     """Seconds per step no placement of a full fine-tune (fp32 weights,
     AdamW's two fp32 moments) can beat with this link *and this host*:
     least_training_bytes counts only the link, as if the host stepped for
@@ -644,7 +666,10 @@ def least_step_s(weights: int, budget: int, h2d: float, d2h: float,
     the mix's bytes per placement. As in least_training_bytes, the bytes
     cross in fp32 (a placement sending bf16 casts under autocast moves
     less), and every streamed weight crosses in both passes (an untied
-    embedding, not read in its backward, need not)."""
+    embedding, not read in its backward, need not). `host_memory_bytes_per_s`
+    (host_memory_rate): the link's copies and the host's AdamW also share
+    the host's memory: every byte crossing either way, and
+    ADAMW_HOST_MEMORY per weight byte the host steps, at that rate."""
     from scipy.optimize import linprog
     names = list(PLACEMENTS)
     cols = [PLACEMENTS[n] for n in names]
@@ -656,6 +681,10 @@ def least_step_s(weights: int, budget: int, h2d: float, d2h: float,
             [col[2] * g / host_bytes_per_s for col in cols] + [-1.0],
             [float(col[3]) for col in cols] + [0.0]]
     b_ub = [0.0, 0.0, 0.0, budget / g]
+    if host_memory_bytes_per_s:
+        a_ub.append([(col[0] + col[1] + ADAMW_HOST_MEMORY * col[2]) * g / host_memory_bytes_per_s
+                     for col in cols] + [-1.0])
+        b_ub.append(0.0)
     a_eq, b_eq = [[1.0] * len(cols) + [0.0]], [weights / g]
     bounds = [(0, None)] * len(cols) + [(compute_s, None)]
     sol = linprog(c, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq, bounds=bounds, method="highs")

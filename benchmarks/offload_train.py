@@ -445,6 +445,7 @@ def measure(scenario, variant):
 LEAST = "the least any placement moves"
 ON_GPU = "with the step on the GPU"
 HOST = "the least any placement takes on this host"
+SHARED = "the least on this host, its memory shared"
 
 
 def link_limit(weights: int, resident: int, h2d: float, d2h: float, host: int = 0,
@@ -496,6 +497,22 @@ def host_limit(weights: int, budget_bytes: int, h2d: float, d2h: float, runs) ->
     return {**found, "host_adamw_elements_per_s": rate}
 
 
+def shared_limit(weights: int, budget_bytes: int, h2d: float, d2h: float, runs) -> Optional[dict]:
+    """The fourth limit: the third's, with the link's copies and the host's
+    AdamW sharing the host's memory at the most it carried in this run
+    (method.host_memory_rate of shared_host_rates' median round); None where
+    that did not run."""
+    rate = host_rate(runs)
+    memories = [m for m in (method.host_memory_rate(r) for r in runs.get("pinned_rate", []) if r)
+                if m]
+    if not rate or not memories:
+        return None
+    memory = method.summarize(memories)["median"]
+    found = method.least_step_s(weights, budget_bytes, h2d, d2h, 4 * rate,
+                                host_memory_bytes_per_s=memory)
+    return {**found, "host_adamw_elements_per_s": rate, "host_memory_gbps": memory / 1e9}
+
+
 def limits(scenario, runs, rounds):
     """Both limits at the median rates, and each round's, for ratios paired
     with the runs of the same round (None where nothing ran to size them)."""
@@ -508,7 +525,8 @@ def limits(scenario, runs, rounds):
     h2d = method.summarize(h2ds)["median"]
     d2h = method.summarize(d2hs)["median"]
     out = {"measured": any(rate_runs), "least": None, "on_gpu": None, "host": None,
-           "least_s": [None] * rounds, "on_gpu_s": [None] * rounds, "host_s": [None] * rounds}
+           "shared": None, "least_s": [None] * rounds, "on_gpu_s": [None] * rounds,
+           "host_s": [None] * rounds, "shared_s": [None] * rounds}
     if some:
         w = some["weights_bytes"]
         out["least"] = least_limit(w, limit_budget, h2d, d2h)
@@ -518,6 +536,10 @@ def limits(scenario, runs, rounds):
         if out["host"]:
             out["host_s"] = [host_limit(w, limit_budget, h, d, runs)["seconds"]
                              for h, d in zip(h2ds, d2hs)]
+        out["shared"] = shared_limit(w, limit_budget, h2d, d2h, runs)
+        if out["shared"]:
+            out["shared_s"] = [shared_limit(w, limit_budget, h, d, runs)["seconds"]
+                               for h, d in zip(h2ds, d2hs)]
     if uvm_run:
         w, r = uvm_run["weights_bytes"], uvm_run["resident_weight_bytes"]
         out["on_gpu"] = link_limit(w, r, h2d, d2h)
@@ -559,6 +581,12 @@ def report(scenario, runs, rounds):
     shared = next((r for r in runs.get("pinned_rate", []) if r and "both_ways_h2d_gbps" in r), None)
     if shared:
         print(method.describe_shared_host(shared))
+    if lim["shared"]:
+        print(f"{SHARED} (the third, and every byte crossing the link either way and "
+              f"{4 * method.ADAMW_HOST_MEMORY} bytes a weight the host steps through the host's "
+              f"memory, at the most it carried here, {lim['shared']['host_memory_gbps']:.0f} "
+              f"GB/s): {lim['shared']['seconds']:.3f} s, placing "
+              + ", ".join(f"{n} {b / GiB:.2f} GiB" for n, b in lim["shared"]["mix_bytes"].items()))
     unit = "tokens/s" if scenario in TOKENS else "s / step"
     print(f"| variant | {unit} (median of rounds; min-max) | x the link limit ({LEAST}) | "
           f"x the link limit {ON_GPU} (a host_step variant: its own placement's) | x {HOST} | "
@@ -654,7 +682,8 @@ def main():
     for s in scenarios:
         table, lim = report(s, runs[s], args.rounds)
         tables[s] = {"variants": table, "link_limit": lim["least"],
-                     "link_limit_with_step_on_gpu": lim["on_gpu"], "least_on_this_host": lim["host"]}
+                     "link_limit_with_step_on_gpu": lim["on_gpu"], "least_on_this_host": lim["host"],
+                     "least_on_this_host_memory_shared": lim["shared"]}
 
         def metric(v):
             return [r["s_per_step"] if r else None for r in runs[s].get(v, [])]
@@ -677,6 +706,9 @@ def main():
             if lim["host"]:
                 compared[f"({s}) {v}, s per step / {HOST}"] = method.ratio(
                     metric(v), lim["host_s"], target=1.5 if s == "llama" else None)
+            if lim["shared"]:
+                compared[f"({s}) {v}, s per step / {SHARED}"] = method.ratio(
+                    metric(v), lim["shared_s"])
             own = table.get(v, {}).get("own_placement_limit")
             if method.variant_host_step(v) and own:      # at the median rates
                 compared[f"({s}) {v}, s per step / its placement's limit (the host's step "

@@ -361,3 +361,49 @@ def test_the_training_table_holds_each_variant_to_the_least_on_this_host(capsys)
     no_host = offload_train.report("llama", {**runs, "pinned_rate": [
         {"h2d_gbps": 50.0, "d2h_gbps": 50.0}]}, 1)[1]
     assert no_host["host"] is None
+
+
+SHARED_RATES = {"both_ways_h2d_gbps": 45.0, "both_ways_d2h_gbps": 50.0,
+                "adamw_alone_elements_per_s": 4.5e9, "adamw_beside_copies_elements_per_s": 3.0e9,
+                "h2d_beside_adamw_gbps": 35.0, "d2h_beside_adamw_gbps": 50.0, "host_step_threads": 14}
+
+
+def test_the_least_with_the_hosts_memory_shared_counts_every_byte_through_it():
+    """method.least_step_s with the host's memory: the link's bytes both ways
+    and AdamW's 28 bytes a weight stepped on the host share one rate, so the
+    best mix is no faster than without it, and its bytes through the host's
+    memory fit the time; a memory fast enough for all changes nothing.
+    host_memory_rate takes the most the host carried at once."""
+    w, b, h = 12 * GiB, 8 * GiB, 55e9
+    alone = method.least_step_s(w, b, h, h, 4 * 4.5e9)
+    assert method.least_step_s(w, b, h, h, 4 * 4.5e9,
+                               host_memory_bytes_per_s=1e15)["seconds"] == pytest.approx(
+        alone["seconds"])
+    memory = method.host_memory_rate(SHARED_RATES)
+    assert memory == pytest.approx((28 * 3.0 + 35 + 50) * 1e9)     # beside each other: the most
+    shared = method.least_step_s(w, b, h, h, 4 * 4.5e9, host_memory_bytes_per_s=memory)
+    assert shared["seconds"] > alone["seconds"] * 1.05
+    through = sum(bytes_ * (p[0] + p[1] + method.ADAMW_HOST_MEMORY * p[2])
+                  for n, bytes_ in shared["mix_bytes"].items()
+                  for p in [method.PLACEMENTS[n]])
+    assert through / memory <= shared["seconds"] * (1 + 1e-6)
+    assert method.host_memory_rate({"both_ways_h2d_gbps": 45.0}) is None
+
+
+def test_the_training_report_prints_the_least_with_the_hosts_memory_shared(capsys):
+    run = {**fake_train_run([2.0, 1.9], 0.5), "weights_bytes": 12 * GiB, "tokens_per_step": 4096}
+    rates = {"h2d_gbps": 50.0, "d2h_gbps": 50.0, "host_adamw_elements_per_s": 4e9, **SHARED_RATES}
+    runs = {"pinned_rate": [rates], "resident": [run],
+            "torch_uvm_in_backward": [{**run, "s_per_step": 1.2, "resident_weight_bytes": 6 * GiB}]}
+    _, lim = offload_train.report("llama", runs, 1)
+    out = capsys.readouterr().out
+    want = method.least_step_s(12 * GiB, 8 * GiB, 50e9, 50e9, 16e9,
+                               host_memory_bytes_per_s=method.host_memory_rate(SHARED_RATES))
+    assert lim["shared"]["seconds"] == pytest.approx(want["seconds"])
+    assert lim["shared_s"] == [pytest.approx(want["seconds"])]
+    assert lim["shared"]["seconds"] > lim["host"]["seconds"]
+    assert f"{offload_train.SHARED} (the third, and every byte" in out
+    assert "at the most it carried here, 169 GB/s" in out
+    no_shared = offload_train.report("llama", {**runs, "pinned_rate": [
+        {"h2d_gbps": 50.0, "d2h_gbps": 50.0, "host_adamw_elements_per_s": 4e9}]}, 1)[1]
+    assert no_shared["shared"] is None and no_shared["shared_s"] == [None]
