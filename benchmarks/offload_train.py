@@ -65,8 +65,13 @@ chose, the step in backward on the GPU): streamed weights cross twice to the
 GPU and once home, and every AdamW moment crosses both ways; for a
 host_step variant, its own placement: the moments of the weights the host
 steps stay home, and the host's fused AdamW takes its time beside the
-link (its column then reads that limit). Rates are the pinned_rate
-variant's in the same round. Beside every figure, the process's GPU memory as the driver
+link (its column then reads that limit). The third, the least any
+placement takes on this host (method.least_step_s), adds the host's fused
+CPU AdamW at its measured rate to the first's link; the fourth, printed
+as a line and a ratio, also lets the copies both ways and the AdamW's 28
+bytes a weight share the host's memory at the most it carried in the run
+(method.host_memory_rate). Rates are the pinned_rate variant's in the
+same round. Beside every figure, the process's GPU memory as the driver
 sees it (method.ProcessGpuMemory), apart from torch_uvm's books.
 """
 import argparse
