@@ -410,9 +410,10 @@ def profiled(fn: Callable[[], None], path: str,
 def torch_uvm_ranges(events: List[dict]) -> Dict[str, dict]:
     """torch_uvm's ranges in a trace, by kind (bring_ahead, write_home...):
     how many, the milliseconds the host spent in them, their bytes, and the
-    milliseconds of the same ranges on the stream they name (a range given
-    a stream is recorded twice, on the host and on the GPU: the GPU's is
-    its copies' time, not the host's)."""
+    milliseconds of their GPU side (gpu_ms). The profiler records a range
+    again on each stream where work it launched ran (its copies): that
+    time is the GPU's, not the host's, its bytes are not counted twice, and
+    ranges nested in it (an eviction inside a bring) are in both."""
     ours: Dict[str, dict] = {}
     for e in events:
         if e.get("name", "").startswith("torch_uvm::") and "dur" in e and e.get("cat") != "span":
@@ -640,7 +641,10 @@ def host_memory_rate(rates: dict) -> Optional[float]:
     """The most the host's memory carried at once in shared_host_rates'
     measurements (bytes/s): pinned copies both ways, the fused AdamW alone
     (ADAMW_HOST_MEMORY bytes a weight byte), or both beside each other.
-    None where they did not run."""
+    What it was seen to carry, so at most what it can: copies alone are
+    bound by the link, the AdamW by its threads, and its writes' cache
+    lines read first (write-allocate) are not counted. None where they did
+    not run."""
     try:
         adamw = 4 * ADAMW_HOST_MEMORY
         return 1e9 * max(rates["both_ways_h2d_gbps"] + rates["both_ways_d2h_gbps"],
@@ -669,7 +673,9 @@ def least_step_s(weights: int, budget: int, h2d: float, d2h: float,
     embedding, not read in its backward, need not). `host_memory_bytes_per_s`
     (host_memory_rate): the link's copies and the host's AdamW also share
     the host's memory: every byte crossing either way, and
-    ADAMW_HOST_MEMORY per weight byte the host steps, at that rate."""
+    ADAMW_HOST_MEMORY per weight byte the host steps, at that rate. That
+    answer is an estimate, not a floor: the rate is what the host's memory
+    was seen to carry, which a placement might exceed."""
     from scipy.optimize import linprog
     names = list(PLACEMENTS)
     cols = [PLACEMENTS[n] for n in names]

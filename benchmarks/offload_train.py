@@ -70,7 +70,8 @@ placement takes on this host (method.least_step_s), adds the host's fused
 CPU AdamW at its measured rate to the first's link; the fourth, printed
 as a line and a ratio, also lets the copies both ways and the AdamW's 28
 bytes a weight share the host's memory at the most it carried in the run
-(method.host_memory_rate). Rates are the pinned_rate variant's in the
+(method.host_memory_rate): an estimate, not a floor, since the memory may
+carry more than it was seen to. Rates are the pinned_rate variant's in the
 same round. Beside every figure, the process's GPU memory as the driver
 sees it (method.ProcessGpuMemory), apart from torch_uvm's books.
 """
@@ -590,7 +591,7 @@ def report(scenario, runs, rounds):
         print(f"{SHARED} (the third, and every byte crossing the link either way and "
               f"{4 * method.ADAMW_HOST_MEMORY} bytes a weight the host steps through the host's "
               f"memory, at the most it carried here, {lim['shared']['host_memory_gbps']:.0f} "
-              f"GB/s): {lim['shared']['seconds']:.3f} s, placing "
+              f"GB/s: an estimate, not a floor): {lim['shared']['seconds']:.3f} s, placing "
               + ", ".join(f"{n} {b / GiB:.2f} GiB" for n, b in lim["shared"]["mix_bytes"].items()))
     unit = "tokens/s" if scenario in TOKENS else "s / step"
     print(f"| variant | {unit} (median of rounds; min-max) | x the link limit ({LEAST}) | "

@@ -105,9 +105,11 @@ MUTANTS = [
      [OFFLOAD + "test_environment_keys_for_larger_than_gpu"]),
     # the streaming engine (issue 20)
     ("streamed submodules are not brought ahead", "csrc/torch/stream_executor_pass.cpp",
-     "    if (!bring_entries(v.tensors, bring_stream_, /*optional=*/true, /*if_free=*/beyond)) break;\n"
-     "    v.staged = true;\n",
-     "    continue;\n",
+     "    std::optional<TraceScope> scope;\n"
+     "    if (!bring_entries(v.tensors, bring_stream_, /*optional=*/true, /*if_free=*/beyond,\n",
+     "    continue;\n"
+     "    std::optional<TraceScope> scope;\n"
+     "    if (!bring_entries(v.tensors, bring_stream_, /*optional=*/true, /*if_free=*/beyond,\n",
      [OFFLOAD + "test_streamed_weights_are_copied_into_gpu_memory_ahead_of_their_use"]),
     ("a brought tensor keeps reading its home", "csrc/torch/streamed_tensor.cpp",
      "  point_at(target_, slot_);\n  version_ = version();\n}\n\nvoid StreamedTensor::adopt",

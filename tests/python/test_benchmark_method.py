@@ -179,7 +179,7 @@ def test_torch_uvm_ranges_count_the_host_apart_from_the_stream():
         {"cat": "user_annotation", "name": "torch_uvm::bring_ahead layers.1", "ts": 0,
          "dur": 20, "args": {"bytes": 4 << 20}},
         {"cat": "gpu_user_annotation", "name": "torch_uvm::bring_ahead layers.1", "ts": 5,
-         "dur": 1700},
+         "dur": 1700, "args": {"bytes": 4 << 20}},
         {"cat": "user_annotation", "name": "torch_uvm::drop layers.0", "ts": 30, "dur": 10,
          "args": {"bytes": 1 << 20}},
         {"cat": "span", "name": "torch_uvm::host_step layers.3", "ts": 0, "dur": 500},
