@@ -645,12 +645,12 @@ def host_memory_rate(rates: dict) -> Optional[float]:
     bound by the link, the AdamW by its threads, and its writes' cache
     lines read first (write-allocate) are not counted. None where they did
     not run."""
+    per_element = 4 * ADAMW_HOST_MEMORY         # bytes per fp32 weight stepped
     try:
-        adamw = 4 * ADAMW_HOST_MEMORY
-        return 1e9 * max(rates["both_ways_h2d_gbps"] + rates["both_ways_d2h_gbps"],
-                         adamw * rates["adamw_alone_elements_per_s"] / 1e9,
-                         adamw * rates["adamw_beside_copies_elements_per_s"] / 1e9
-                         + rates["h2d_beside_adamw_gbps"] + rates["d2h_beside_adamw_gbps"])
+        return max(1e9 * (rates["both_ways_h2d_gbps"] + rates["both_ways_d2h_gbps"]),
+                   per_element * rates["adamw_alone_elements_per_s"],
+                   per_element * rates["adamw_beside_copies_elements_per_s"]
+                   + 1e9 * (rates["h2d_beside_adamw_gbps"] + rates["d2h_beside_adamw_gbps"]))
     except (KeyError, TypeError):
         return None
 

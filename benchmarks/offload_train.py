@@ -488,35 +488,28 @@ def host_rate(runs) -> Optional[float]:
                             "host_adamw_elements_per_s", None)
 
 
-def host_limit(weights: int, budget_bytes: int, h2d: float, d2h: float, runs) -> Optional[dict]:
+def host_limit(weights: int, budget_bytes: int, h2d: float, d2h: float, runs,
+               shared: bool = False) -> Optional[dict]:
     """The third limit, the least any placement takes with this host
     (method.least_step_s): the link's bytes as in the first, and the
     weights the host steps at the fused CPU AdamW rate pinned_rate
     measured. The GPU's compute is not counted (all resident's step holds
     a GPU AdamW that a host step skips, so it is no floor), nor bf16 casts
-    crossing in place of fp32 weights (as in the first). None where
-    pinned_rate did not measure the host."""
-    rate = host_rate(runs)
-    if not rate:
-        return None
-    found = method.least_step_s(weights, budget_bytes, h2d, d2h, 4 * rate)
-    return {**found, "host_adamw_elements_per_s": rate}
-
-
-def shared_limit(weights: int, budget_bytes: int, h2d: float, d2h: float, runs) -> Optional[dict]:
-    """The fourth limit: the third's, with the link's copies and the host's
-    AdamW sharing the host's memory at the most it carried in this run
-    (method.host_memory_rate of shared_host_rates' median round); None where
-    that did not run."""
+    crossing in place of fp32 weights (as in the first). `shared`, the
+    fourth: the link's copies and the host's AdamW also share the host's
+    memory at the most it carried in this run (method.host_memory_rate,
+    the median over rounds). None where pinned_rate did not measure what
+    it needs."""
     rate = host_rate(runs)
     memories = [m for m in (method.host_memory_rate(r) for r in runs.get("pinned_rate", []) if r)
-                if m]
-    if not rate or not memories:
+                if m] if shared else []
+    if not rate or (shared and not memories):
         return None
-    memory = method.summarize(memories)["median"]
+    memory = method.summarize(memories)["median"] if shared else None
     found = method.least_step_s(weights, budget_bytes, h2d, d2h, 4 * rate,
                                 host_memory_bytes_per_s=memory)
-    return {**found, "host_adamw_elements_per_s": rate, "host_memory_gbps": memory / 1e9}
+    return {**found, "host_adamw_elements_per_s": rate,
+            **({"host_memory_gbps": memory / 1e9} if shared else {})}
 
 
 def limits(scenario, runs, rounds):
@@ -538,14 +531,11 @@ def limits(scenario, runs, rounds):
         out["least"] = least_limit(w, limit_budget, h2d, d2h)
         out["least_s"] = [method.least_training_limit_s(w, limit_budget, h, d)
                           for h, d in zip(h2ds, d2hs)]
-        out["host"] = host_limit(w, limit_budget, h2d, d2h, runs)
-        if out["host"]:
-            out["host_s"] = [host_limit(w, limit_budget, h, d, runs)["seconds"]
-                             for h, d in zip(h2ds, d2hs)]
-        out["shared"] = shared_limit(w, limit_budget, h2d, d2h, runs)
-        if out["shared"]:
-            out["shared_s"] = [shared_limit(w, limit_budget, h, d, runs)["seconds"]
-                               for h, d in zip(h2ds, d2hs)]
+        for key, shared in (("host", False), ("shared", True)):
+            out[key] = host_limit(w, limit_budget, h2d, d2h, runs, shared)
+            if out[key]:
+                out[f"{key}_s"] = [host_limit(w, limit_budget, h, d, runs, shared)["seconds"]
+                                   for h, d in zip(h2ds, d2hs)]
     if uvm_run:
         w, r = uvm_run["weights_bytes"], uvm_run["resident_weight_bytes"]
         out["on_gpu"] = link_limit(w, r, h2d, d2h)
