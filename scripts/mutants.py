@@ -105,9 +105,11 @@ MUTANTS = [
      [OFFLOAD + "test_environment_keys_for_larger_than_gpu"]),
     # the streaming engine (issue 20)
     ("streamed submodules are not brought ahead", "csrc/torch/stream_executor_pass.cpp",
-     "    if (!bring_entries(v.tensors, bring_stream_, /*optional=*/true, /*if_free=*/beyond)) break;\n"
-     "    v.staged = true;\n",
-     "    continue;\n",
+     "    std::optional<TraceScope> scope;\n"
+     "    if (!bring_entries(v.tensors, bring_stream_, /*optional=*/true, /*if_free=*/beyond,\n",
+     "    continue;\n"
+     "    std::optional<TraceScope> scope;\n"
+     "    if (!bring_entries(v.tensors, bring_stream_, /*optional=*/true, /*if_free=*/beyond,\n",
      [OFFLOAD + "test_streamed_weights_are_copied_into_gpu_memory_ahead_of_their_use"]),
     ("a brought tensor keeps reading its home", "csrc/torch/streamed_tensor.cpp",
      "  point_at(target_, slot_);\n  version_ = version();\n}\n\nvoid StreamedTensor::adopt",
@@ -288,6 +290,11 @@ MUTANTS = [
     ("a training pass brings nothing beyond its window", "csrc/torch/stream_executor_pass.cpp",
      "  if (!training_) return false;\n", "  return false;\n",
      [OFFLOAD + "test_a_training_forward_brings_units_beyond_its_window_into_the_steps_empty_room"]),
+    ("a bring's range counts every tensor it holds, not those that cross",
+     "csrc/torch/stream_executor_memory.cpp",
+     "      for (std::size_t s : sizes) bytes += s;\n",
+     "      for (int id : ids) bytes += entries_[id].tensor->nbytes();\n",
+     [OFFLOAD + "test_profiler_traces_name_what_the_offload_moves"]),
     ("an arena's draw that need not wait waits for pending frees", "csrc/core/slot_arena.cpp",
      "  if (wait && out.empty() && !bytes.empty() && !pending_.empty()) {",
      "  if (out.empty() && !bytes.empty() && !pending_.empty()) {",

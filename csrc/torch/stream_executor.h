@@ -24,6 +24,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -201,9 +202,13 @@ class StreamExecutor {
   // (false: nothing held, nothing counted). Otherwise slots without room
   // are drawn beside it (counted: arena_misses). `if_free` (beyond the
   // window, optional too): only into room nothing holds, in the books and
-  // the arena; nothing leaves for them.
+  // the arena; nothing leaves for them. `copying`: called with the bytes
+  // about to cross just before their copies are queued, and only then
+  // (not when all of `ids` are on the GPU already, nor when refused): where
+  // a bring's trace range begins, so that a trace's bytes are what moved.
   bool bring_entries(const std::vector<int>& ids, c10::cuda::CUDAStream stream,
-                     bool optional = false, bool if_free = false);
+                     bool optional = false, bool if_free = false,
+                     const std::function<void(std::size_t)>& copying = nullptr);
   void wait_ready(const std::vector<int>& ids);
   void carry_out(const std::vector<EvictionStep>& steps);
   // `ids` leave now, counted as evictions by how they leave (written ones go

@@ -105,7 +105,8 @@ bool StreamExecutor::leave(int id, bool written) {
 }
 
 bool StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAStream stream,
-                                   bool optional, bool if_free) {
+                                   bool optional, bool if_free,
+                                   const std::function<void(std::size_t)>& copying) {
   optional = optional || if_free;
   // A home written in place on the compute stream (DDP's averaged gradient)
   // is copied after that write.
@@ -155,6 +156,11 @@ bool StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAS
         return false;
       }
       slots = allocate_slots_beside(sizes, *arena_);
+    }
+    if (copying) {
+      std::size_t bytes = 0;
+      for (std::size_t s : sizes) bytes += s;
+      copying(bytes);
     }
     for (; brought < coming.size(); ++brought) {
       StreamedTensor& t = *entries_[coming[brought]].tensor;

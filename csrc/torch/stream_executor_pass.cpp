@@ -39,12 +39,11 @@ void StreamExecutor::before(int unit, bool backward) {
     staged_.erase(std::find(staged_.begin(), staged_.end(), unit));
   } else {
     // on demand: the compute stream waits for it ("bring_ahead": came
-    // while an earlier unit ran); a resident unit is only held, untraced
+    // while an earlier unit ran); what is on the GPU already is only held
     std::optional<TraceScope> scope;
-    if (!u.resident) {
-      scope.emplace("bring", u.name, [&] { return unit_bytes(unit); }, stream_ref(bring_stream_));
-    }
-    bring_entries(u.tensors, bring_stream_);
+    bring_entries(u.tensors, bring_stream_, false, false, [&](std::size_t bytes) {
+      scope.emplace("bring", u.name, bytes, stream_ref(bring_stream_));
+    });
   }
   u.held = true;
   wait_ready(u.tensors);
@@ -139,10 +138,14 @@ void StreamExecutor::stage_next(int unit, bool backward) {
     if (beyond && !room_beyond_window(v.stream_bytes, at, backward)) break;
     ahead += v.stream_bytes;
     if (v.staged || v.running) continue;
-    TraceScope scope("bring_ahead", v.name, [&] { return unit_bytes(next); },
-                     stream_ref(bring_stream_));
     // brought ahead only where the arena has room (it comes on demand)
-    if (!bring_entries(v.tensors, bring_stream_, /*optional=*/true, /*if_free=*/beyond)) break;
+    std::optional<TraceScope> scope;
+    if (!bring_entries(v.tensors, bring_stream_, /*optional=*/true, /*if_free=*/beyond,
+                       [&](std::size_t bytes) {
+                         scope.emplace("bring_ahead", v.name, bytes, stream_ref(bring_stream_));
+                       })) {
+      break;
+    }
     v.staged = true;
     v.staged_backward = backward;
     v.staged_from = at;

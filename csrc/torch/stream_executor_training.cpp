@@ -6,6 +6,7 @@
 #include "torch/stream_executor.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "torch/pinned_home.h"
 #include "torch/stream_ref.h"
@@ -136,16 +137,11 @@ void StreamExecutor::bring(const std::vector<at::Tensor>& tensors, std::size_t n
     }
     if (id >= 0 && entries_[id].tensor->has_target()) ids.push_back(id);
   }
-  auto bytes = [&] {
-    std::size_t sum = 0;
-    for (int id : ids) sum += entries_[id].tensor->nbytes();
-    return sum;
-  };
-  static const std::string kNone;
-  TraceScope scope("bring_for_step", ids.empty() ? kNone : entries_[ids.front()].name, bytes,
-                   stream_ref(bring_stream_));
   step_inputs_.block(stream_ref(bring_stream_));  // (a step in backward: long done)
-  bring_entries(ids, bring_stream_);
+  std::optional<TraceScope> scope;
+  bring_entries(ids, bring_stream_, false, false, [&](std::size_t bytes) {
+    scope.emplace("bring_for_step", entries_[ids.front()].name, bytes, stream_ref(bring_stream_));
+  });
   wait_ready(ids);
   note_use(ids);  // a step may run on a stream of its own (step_in_backward)
   try {

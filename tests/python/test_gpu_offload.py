@@ -970,10 +970,12 @@ def test_profiler_traces_name_what_the_offload_moves(uvm, tmp_path):
         train_steps(model, optimizer, x, steps=1)         # learns the order
         streamed = [u for u in handle.units_in_order() if u not in handle.resident_units()]
         assert streamed
+        before = handle.residency_stats()["prefetched_bytes"]
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
                      record_shapes=True) as prof:        # (arguments such as bytes)
             train_steps(model, optimizer, x, steps=1)
             torch.cuda.synchronize()
+        moved = handle.residency_stats()["prefetched_bytes"] - before
         path = tmp_path / "trace.json"
         prof.export_chrome_trace(str(path))
         events = json.loads(path.read_text())["traceEvents"]
@@ -986,6 +988,13 @@ def test_profiler_traces_name_what_the_offload_moves(uvm, tmp_path):
         brings = [e for e in ours if e["name"] in (f"torch_uvm::bring {streamed[-1].name}",
                                                    f"torch_uvm::bring_ahead {streamed[-1].name}")]
         assert brings[0]["args"].get("bytes") == streamed[-1].nbytes
+        # a bring's range is what crossed: none where the unit was on the
+        # GPU already or the arena had no room, so the trace's bytes are
+        # the books' (a range given a stream is also on the GPU's side)
+        crossed = sum(e["args"].get("bytes", 0) for e in ours
+                      if e.get("cat") == "user_annotation" and e["name"].split(" ")[0] in
+                      ("torch_uvm::bring", "torch_uvm::bring_ahead", "torch_uvm::bring_for_step"))
+        assert crossed == moved, (crossed, moved)
         # its copies ran on streams other than the kernels' (the only copy
         # there reads the loss back to the host: a few bytes)
         compute = torch.cuda.current_stream().cuda_stream
