@@ -21,7 +21,10 @@ the anchors, against the link's limit of the step.
     opt-in variants: torch_uvm_in_backward_<N>GiB (other budgets, each held
     to its own limit), torch_uvm_in_backward_host<S> (stream_optimizer's
     host_step=S: the last S of the streamed layers step on the host with
-    PyTorch's fused CPU AdamW, as the third limit's placement does) and torchtune_single_device, the memory savers users
+    PyTorch's fused CPU AdamW, as the third limit's placement does; with
+    _nonblocking, optimizer.step() returns before the host's steps end and
+    each layer's next forward waits for its own) and
+    torchtune_single_device, the memory savers users
     pick instead, rebuilt as torchtune's single-device recipe uses them
     (bf16 weights on the GPU, bitsandbytes' paged 8-bit AdamW stepped in
     backward, activation checkpointing): more memory, other arithmetic.
@@ -106,7 +109,9 @@ PLAN = {
     "gpt2": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload",
              "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory"],
     "llama": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward",
-              "torch_uvm_in_backward_host1", "torch_uvm_in_backward_host0.75",
+              "torch_uvm_in_backward_host1", "torch_uvm_in_backward_host1_nonblocking",
+              "torch_uvm_host1", "torch_uvm_host1_nonblocking",
+              "torch_uvm_in_backward_host0.75",
               "torch_uvm_in_backward_host0.5",
               "fsdp2_cpu_offload", "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory",
               "torch_uvm_in_backward_3GiB", "torch_uvm_in_backward_4GiB",
@@ -320,7 +325,8 @@ def measure(scenario, variant):
         handle = torch_uvm.offload(model, budget=budget(scenario, variant), device="cuda")
         optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True),
                                             step_in_backward="in_backward" in variant,
-                                            host_step=method.variant_host_step(variant))
+                                            host_step=method.variant_host_step(variant),
+                                            non_blocking=variant.endswith("_nonblocking"))
     elif variant == "fsdp2_cpu_offload":
         model = fsdp2(model)
         # the parameters are pinned CPU DTensors: fused=True is PyTorch's
@@ -370,6 +376,8 @@ def measure(scenario, variant):
         backward_and_step(loss)
         losses.append(loss.item())
         times.append(time.perf_counter() - t0)
+    if handle is not None:   # (non_blocking: a step's host steps end in the next one's forward)
+        handle.wait_for_host_steps()
     torch.cuda.synchronize()
     steady = sorted(times[1:])
     if handle is not None:      # the timed steps' (before a profiled one)

@@ -18,10 +18,14 @@ step; ``benchmarks/method.py``'s ``host_adamw_rate`` measures it).
 * When: once a submodule's gradients are complete they go home by a copy
   that the compute stream does not wait for; its weights leave their slot
   (the host writes their homes: the next forward brings the stepped ones);
-  a worker thread steps it once the copy has passed.
+  a worker thread steps it once the copy has passed. Of the steps whose
+  gradients are home, it takes the one the next forward needs first.
 * ``optimizer.step()`` returns once every host step is done, as
   ``torch.optim`` promises; a forward that begins before it, ``undo()``
-  and the optimizer's ``state_dict`` wait for them too.
+  and the optimizer's ``state_dict`` wait for them too. With
+  ``non_blocking=True`` it returns at once: each submodule's next forward
+  waits for its own step (the host steps the rest meanwhile), and no bring
+  copies a home its step is writing (StreamExecutor::set_home_busy).
 * The arithmetic is ``torch.optim``'s fused Adam/AdamW on the CPU
   (``torch.optim.adam.adam(fused=True)``): a weight stepped on the host
   equals a fused CPU step's, bit for bit, not a GPU step's.
@@ -33,6 +37,7 @@ import concurrent.futures
 import inspect
 import math
 import os
+import threading
 import time
 from typing import TYPE_CHECKING, List, Optional
 
@@ -72,6 +77,18 @@ def check(optimizer: torch.optim.Optimizer, host_step) -> float:
             raise ValueError("torch_uvm: host_step cannot step a differentiable Adam "
                              "(differentiable=True): use host_step=0")
     return float(host_step)
+
+
+def check_non_blocking(non_blocking, host_step: float) -> None:
+    """`non_blocking` as a bool that has host steps to apply to, or a clear
+    refusal before anything changes."""
+    if not isinstance(non_blocking, bool):
+        raise ValueError(f"torch_uvm: non_blocking is True or False; got {non_blocking!r}")
+    if non_blocking and not host_step:
+        raise ValueError(
+            "torch_uvm: non_blocking=True lets optimizer.step() return before the host's "
+            "steps end, and this offload steps nothing on the host: give host_step (the "
+            "share of the streamed submodules stepped there) or leave non_blocking False")
 
 
 THREADS_VARIABLE = "TORCH_UVM_HOST_STEP_THREADS"
@@ -140,14 +157,37 @@ def _cpu_view(t: torch.Tensor) -> Optional[torch.Tensor]:
     return view
 
 
+class _Queued:
+    """One unit's step on the host, queued: what it waits for and steps, and
+    its future."""
+    __slots__ = ("index", "name", "rank", "ready", "work", "future")
+
+    def __init__(self, index: int, name: str, rank: int, ready, work):
+        self.index, self.name, self.rank, self.ready, self.work = index, name, rank, ready, work
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def ready_now(self) -> bool:
+        return all(event.query() for event in self.ready)
+
+
 class HostSteps:
     """One offload's host steps: a worker thread, and the steps queued on it
-    not yet waited for."""
+    not yet waited for.
+
+    The worker takes, of the steps whose gradients are home, the one whose
+    submodule the next forward runs first (in backward, the latest queued):
+    what is left when the backward ends is what the next forward needs
+    last. With `non_blocking`, optimizer.step() returns before the host's
+    steps end, and each submodule's next forward waits for its own."""
 
     def __init__(self, device: torch.device):
         self.device = device
+        self.non_blocking = False       # stream_optimizer(non_blocking=)
         self._worker: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self._pending: List[tuple] = []         # (unit name, future)
+        self._pending: List[_Queued] = []       # not yet waited for, in the order queued
+        self._waiting: List[_Queued] = []       # not yet begun (the worker's to choose)
+        self._lock = threading.Lock()
+        self._executor = None                   # the executor whose homes they write
         self._copies: collections.deque = collections.deque()  # gradients' copies home in backward
         self._home_stream = self._side = None   # the executor's, and one for the worker's reads
         self._threads = 0               # threads(), read at the first step
@@ -161,10 +201,13 @@ class HostSteps:
         queued so far (its gradients') and the compute stream's work so far
         (gradients accumulated at home, kernels reading its weights in
         place, what the user did to the gradients). Its weights leave their
-        slot first. Returns False, queuing nothing, where its weights or
-        gradients are not all at home (held on the GPU): the caller steps it
-        on the GPU."""
+        slot first, and no bring copies its homes until it is done. The
+        hyperparameters and a GradScaler's scale are read now (a scheduler
+        or the scaler's update may change them before it runs). Returns
+        False, queuing nothing, where its weights or gradients are not all
+        at home (held on the GPU): the caller steps it on the GPU."""
         executor = handle.executor
+        self._finish([q for q in self._pending if q.index == unit.index])   # its last, if pending
         executor.evict_unit(unit.index)
         params = [p for p in unit.trainable if p.grad is not None]
         views = [(_cpu_view(p), _cpu_view(p.grad)) for p in params]
@@ -174,6 +217,18 @@ class HostSteps:
             self._home_stream = torch.cuda.ExternalStream(executor.home_stream(),
                                                           device=self.device)
             self._side = torch.cuda.Stream(self.device)
+        work = []
+        for optimizer, _ in optimizers:
+            # a GradScaler's scale and overflow flag, which a fused Adam reads
+            # itself (copied on the compute stream: its update is in place)
+            scaling = tuple(None if t is None else t.clone() for t in
+                            (getattr(optimizer, "grad_scale", None),
+                             getattr(optimizer, "found_inf", None)))
+            for group in optimizer.param_groups:
+                ids = {id(p) for p in group["params"]}
+                mine = [(p, w, g, p.grad) for p, (w, g) in zip(params, views) if id(p) in ids]
+                if mine:
+                    work.append((optimizer, _hyperparameters(group), mine, scaling))
         ready = [torch.cuda.Event(), torch.cuda.Event()]
         ready[0].record(self._home_stream)
         ready[1].record(torch.cuda.current_stream(self.device))
@@ -186,29 +241,42 @@ class HostSteps:
             self._copies.append(ready[0])
             while len(self._copies) > COPIES_AHEAD:
                 self._copies.popleft().synchronize()
-        work = []
-        for optimizer, _ in optimizers:
-            # a GradScaler's scale and overflow flag, which a fused Adam reads itself
-            scaling = (getattr(optimizer, "grad_scale", None), getattr(optimizer, "found_inf", None))
-            for group in optimizer.param_groups:
-                ids = {id(p) for p in group["params"]}
-                mine = [(p, w, g) for p, (w, g) in zip(params, views) if id(p) in ids]
-                if mine:
-                    work.append((optimizer, group, mine, scaling))
         if self._worker is None:
             self._threads = threads()
             self._worker = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="torch_uvm_host_step")
-        self._pending.append((unit.name, self._worker.submit(self._run, unit.name, ready, work)))
+        rank = handle.forward_rank(unit)
+        item = _Queued(unit.index, unit.name, rank, ready, work)
+        self._executor = executor
+        executor.set_home_busy(unit.index, True)
+        with self._lock:
+            self._waiting.append(item)
+        self._pending.append(item)
+        self._worker.submit(self._run_next)
         return True
 
-    def _run(self, name: str, ready: List[torch.cuda.Event], work) -> None:
+    def _next(self) -> _Queued:
+        """Of the steps not begun, the one whose submodule runs first in the
+        next forward among those whose gradients are home; the oldest if
+        none is."""
+        with self._lock:
+            ready = [q for q in self._waiting if q.ready_now()]
+            item = min(ready, key=lambda q: q.rank) if ready else self._waiting[0]
+            self._waiting.remove(item)
+        return item
+
+    def _run_next(self) -> None:
         torch.set_num_threads(self._threads)    # threads(): a new thread's default is every core
+        item = self._next()
         start = time.time_ns()
         try:
-            self._step(ready, work)
-        finally:
-            self._spans.append((name, start, time.time_ns()))
+            self._step(item.ready, item.work)
+        except BaseException as e:      # raised where it is waited for, naming its unit
+            self._spans.append((item.name, start, time.time_ns()))
+            item.future.set_exception(e)
+        else:
+            self._spans.append((item.name, start, time.time_ns()))
+            item.future.set_result(None)
 
     def _step(self, ready: List[torch.cuda.Event], work) -> None:
         for event in ready:                     # (the states may be read from the GPU below)
@@ -227,25 +295,44 @@ class HostSteps:
         self._stepped["step_seconds"] += time.perf_counter() - start
         self._stepped["units"] += 1
 
-    def wait(self) -> None:
-        """Every step queued is done; the first that failed raises, naming
-        its unit (the others ran)."""
-        self._copies.clear()
+    def _finish(self, items: List[_Queued]) -> None:
+        """Waits for `items` (pending ones); their homes are free to bring
+        from. The first that failed raises, naming its unit (the others ran)."""
         failed = None
         start = time.perf_counter()
-        while self._pending:       # (interrupted, those not waited for stay pending)
-            name, future = self._pending[0]
+        for item in items:          # (interrupted, those not waited for stay pending)
             try:
-                future.result()
+                item.future.result()
             except Exception as e:  # raised again below, with its unit
-                failed = failed or (name, e)
-            self._pending.pop(0)
+                failed = failed or (item.name, e)
+            self._pending.remove(item)
+            if self._executor is not None:
+                self._executor.set_home_busy(item.index, False)
         self._stepped["wait_seconds"] += time.perf_counter() - start
         if failed is not None:
             name, e = failed
             raise RuntimeError(
                 f"torch_uvm: the host step of submodule '{name}' failed ({e}); its weights "
                 "and states may be part-stepped. The other submodules stepped") from e
+
+    def wait(self) -> None:
+        """Every step queued is done."""
+        self._copies.clear()
+        self._finish(list(self._pending))
+
+    def wait_unit(self, index: Optional[int] = None) -> None:
+        """The unit's step (if any) is done, and every step found done by
+        now is waited for (their homes are free to bring from)."""
+        self._finish([q for q in self._pending if q.index == index or q.future.done()])
+
+    def end_step(self) -> None:
+        """optimizer.step() returns: every host step is done, or, with
+        `non_blocking`, those found done by now are waited for."""
+        if self.non_blocking:
+            self._copies.clear()
+            self.wait_unit()
+        else:
+            self.wait()
 
     def stats(self) -> dict:
         """Since the offload began: the units the host stepped, the seconds
@@ -273,6 +360,15 @@ class HostSteps:
                 self._worker = None
 
 
+def _hyperparameters(group: dict) -> dict:
+    """What a host step reads of a parameter group, as it is now."""
+    taken = {k: group[k] for k in ("betas", "lr", "weight_decay", "eps", "amsgrad", "maximize",
+                                   "decoupled_weight_decay") if k in group}
+    if isinstance(taken["lr"], torch.Tensor):
+        taken["lr"] = float(taken["lr"])
+    return taken
+
+
 def _states(optimizer, group, mine, device):
     """The lists torch.optim.adam.adam takes, over CPU views of homes: the
     weights, gradients, Adam's moments (new homes on a first step) and step
@@ -281,7 +377,7 @@ def _states(optimizer, group, mine, device):
     keys = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if amsgrad else [])
     params, grads, steps = [], [], []
     moments = {k: [] for k in keys}
-    for p, w, g in mine:
+    for p, w, g, _ in mine:         # (the last: the gradient, held until its step is done)
         state = optimizer.state.get(p) or {}
         fresh = not state
         if fresh:

@@ -124,6 +124,7 @@ class Offloaded:
         self.units: List[_Unit] = units
         self.training = False         # planned for training (a forward built a graph)
         self._planned_step = 0        # the largest trainable bytes the plan made room for
+        self._ranks: Optional[Dict[int, int]] = None   # forward_rank's, once planned
         self.executor = None          # made by the first forward, once the mode is known
         self.step_in_backward = False
         self._handles = handles
@@ -166,6 +167,18 @@ class Offloaded:
             return list(self.units)
         return [self.units[i] for i in self.executor.order()]
 
+    def wait_for_host_steps(self) -> None:
+        """Every step the host was given is done (with
+        ``stream_optimizer(non_blocking=True)``, before reading the
+        offloaded weights other than by a forward or a ``state_dict``)."""
+        self._host.wait()
+
+    def forward_rank(self, unit: _Unit) -> int:
+        """The unit's place in the order the first forward ran them."""
+        if self._ranks is None:
+            self._ranks = {u.index: k for k, u in enumerate(self.units_in_order())}
+        return self._ranks.get(unit.index, len(self.units))
+
     def bytes_on_gpu(self) -> int:
         """The bytes of the module's weights in GPU memory now."""
         return 0 if self.executor is None else \
@@ -199,13 +212,19 @@ class Offloaded:
         training = torch.is_grad_enabled()
         if training:
             offload_training.follow_trainable(self)
-        self._host.wait()         # host steps not yet waited for (no optimizer.step() since)
+        # host steps not yet waited for (no optimizer.step() since, or a
+        # non_blocking one: then each unit's forward waits for its own)
+        if self._host.non_blocking:
+            self._host.wait_unit()
+        else:
+            self._host.wait()
         executor = self.executor
         if executor is not None:
             offload_training.end_failed_backward(self)
             executor.end_pass()   # what an interrupted pass left held
             if training and self._optimizers and (
                     not self.training or executor.largest_trainable() > self._planned_step):
+                self._host.wait()
                 self._plan_for_training()
             return
         self.training = training
@@ -244,6 +263,7 @@ class Offloaded:
     def _plan(self) -> None:
         self.executor.plan(*window_units(self.mode, self.training, self.ahead))
         self._planned_step = self.executor.largest_trainable()
+        self._ranks = None
 
     def _pre(self, unit: _Unit, args) -> None:
         if torch.cuda.is_current_stream_capturing():
@@ -252,8 +272,11 @@ class Offloaded:
                                "offload (or give it a budget that holds the whole model) first.")
         if self.executor is None:      # a submodule called on its own first
             self._begin(args, {})
-        elif self._host.pending and not self._backward.active:
-            self._host.wait()           # one called on its own before optimizer.step()
+        elif self._host.pending:
+            if self._host.non_blocking:
+                self._host.wait_unit(unit.index)    # its own step; the host steps on
+            elif not self._backward.active:
+                self._host.wait()       # one called on its own before optimizer.step()
             # (in backward, a checkpointed layer's forward again: the host steps on)
         self.executor.before(unit.index, False)
 
@@ -281,7 +304,8 @@ class Offloaded:
 
     def stream_optimizer(self, optimizer: torch.optim.Optimizer,
                          step_in_backward: bool = False,
-                         host_step: float = 0.0) -> torch.optim.Optimizer:
+                         host_step: float = 0.0,
+                         non_blocking: bool = False) -> torch.optim.Optimizer:
         """Make `optimizer.step()` step one submodule at a time within the
         budget: its weights, gradients and states are brought to the GPU,
         the optimizer's own step runs on them, and what it wrote goes home
@@ -311,10 +335,21 @@ class Offloaded:
         a step on the GPU moves 28, and the host's step takes its time
         beside the GPU's: the best share makes the two take as long (the
         benchmarks' ``least_step_s`` finds it for a host and link).
-        ``optimizer.step()`` returns with every weight stepped."""
+        ``optimizer.step()`` returns with every weight stepped.
+
+        `non_blocking` (with `host_step`): ``optimizer.step()`` returns
+        before the host's steps end; each submodule's next forward waits for
+        its own step, and the host steps the rest meanwhile (it takes first
+        what the forward needs first). The host-stepped parameters'
+        gradients are None after ``step()`` (the host holds them until its
+        step). The optimizer's and the module's ``state_dict`` and
+        ``undo()`` wait for every step; code that reads the offloaded parameters in another way
+        before the next forward calls ``handle.wait_for_host_steps()``
+        first. Like `host_step`, the offload's, for all its optimizers."""
         offload_training.check_optimizer(
             self, optimizer, [h for h in list(_LIVE) if h is not self])
         share = host_step_module.check(optimizer, host_step)
+        host_step_module.check_non_blocking(non_blocking, share or self.host_step)
         if share and self.host_step and share != self.host_step:
             raise ValueError(
                 f"torch_uvm: this offload steps {self.host_step} of its streamed submodules on "
@@ -333,6 +368,11 @@ class Offloaded:
         self._optimizers.append((optimizer, own))
         self.step_in_backward = bool(step_in_backward)
         self.host_step = share or self.host_step
+        if non_blocking and not self._host.non_blocking:
+            self._host.non_blocking = True
+            ref = weakref.ref(self)      # (the module holds its hook)
+            self._handles.append(self.module.register_state_dict_pre_hook(
+                lambda module, prefix, keep_vars: ref() and ref()._host.wait()))
         offload_training.keep_states_home(self, optimizer)
         # a method, as LR schedulers expect of optimizer.step
         optimizer.step = types.MethodType(

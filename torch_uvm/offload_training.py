@@ -475,8 +475,13 @@ def step(handle: "Offloaded", optimizer: torch.optim.Optimizer, original_step,
     stepped: List[str] = []
     try:
         mine = [(optimizer, original_step)]
+        own = {id(p) for g in optimizer.param_groups for p in g["params"]}
         for u in host_step.choose(handle):   # the host steps them while the GPU steps the rest
             if not u.stepped and handle._host.submit(handle, u, mine, in_backward=False):
+                if handle._host.non_blocking:    # (held by the host until its step)
+                    for p in u.trainable:
+                        if id(p) in own:
+                            p.grad = None
                 u.stepped = True
                 stepped.append(u.name)
         for u in handle.units_in_order():
@@ -502,7 +507,8 @@ def step(handle: "Offloaded", optimizer: torch.optim.Optimizer, original_step,
         raise
     finally:
         try:
-            handle._host.wait()       # as torch.optim promises: every weight stepped
+            handle._host.end_step()   # as torch.optim promises: every weight stepped
+            # (unless non_blocking: then each unit's next forward waits for its own)
         finally:
             for u in handle.units:
                 u.stepped = False

@@ -239,6 +239,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("evict_unused", &StreamExecutor::evict_unused)
       .def("evict_all", &StreamExecutor::evict_all)
       .def("evict_unit", &StreamExecutor::evict_unit)
+      .def("set_home_busy", &StreamExecutor::set_home_busy)
       // the cudaStream_t, for torch.cuda.ExternalStream
       .def("home_stream",
            [](const StreamExecutor& e) {

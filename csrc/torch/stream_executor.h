@@ -135,6 +135,11 @@ class StreamExecutor {
   // The unit's weights leave the GPU now unless held or resident (a step on
   // the host is about to write their homes: the next bring copies those).
   void evict_unit(int unit);
+  // A step on the host writes the unit's homes from now (`busy`) until it
+  // is done (torch_uvm/host_step.py): no bring copies them meanwhile. A
+  // bring ahead stops before it (the unit comes on demand, once its step is
+  // done); a bring on demand of a busy unit is refused.
+  void set_home_busy(int unit, bool busy) { units_.at(unit).home_busy = busy; }
   // Where copies home are queued: a host step waits there for its gradients.
   c10::cuda::CUDAStream home_stream() const { return home_stream_; }
   // Everything leaves the GPU, resident units included (undo); after this,
@@ -179,6 +184,7 @@ class StreamExecutor {
     bool running = false;    // between before() and after()
     bool running_backward = false;
     bool held = false;       // running, and holding its tensors
+    bool home_busy = false;  // a host step is writing its homes (set_home_busy)
   };
 
   c10::cuda::CUDAStream compute() const;

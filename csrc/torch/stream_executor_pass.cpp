@@ -38,6 +38,8 @@ void StreamExecutor::before(int unit, bool backward) {
     u.staged = false;  // its holds pass to this run
     staged_.erase(std::find(staged_.begin(), staged_.end(), unit));
   } else {
+    TORCH_CHECK(!u.home_busy, "torch_uvm: internal error: submodule '", u.name,
+                "' was brought while a host step writes its homes; please report it");
     // on demand: the compute stream waits for it ("bring_ahead": came
     // while an earlier unit ran); what is on the GPU already is only held
     std::optional<TraceScope> scope;
@@ -138,6 +140,9 @@ void StreamExecutor::stage_next(int unit, bool backward) {
     if (beyond && !room_beyond_window(v.stream_bytes, at, backward)) break;
     ahead += v.stream_bytes;
     if (v.staged || v.running) continue;
+    // a host step writes its homes: it comes on demand once that is done
+    // (and what follows it is brought ahead from there)
+    if (v.home_busy) break;
     // brought ahead only where the arena has room (it comes on demand)
     std::optional<TraceScope> scope;
     if (!bring_entries(v.tensors, bring_stream_, /*optional=*/true, /*if_free=*/beyond,

@@ -49,15 +49,17 @@ def host_names(handle):
             for k, p in u.module.named_parameters() if p.requires_grad}
 
 
-def against_reference(uvm, build, share, in_backward, batches):
+def against_reference(uvm, build, share, in_backward, batches, non_blocking=False):
     """`build()` offloaded under 24 MiB, trained with host_step=`share`;
     its losses and weights equal the reference's. Returns the handle and
     the optimizer."""
     model = build()
     handle = uvm.offload(model, budget=24 * MiB)
     optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3),
-                                        step_in_backward=in_backward, host_step=share)
+                                        step_in_backward=in_backward, host_step=share,
+                                        non_blocking=non_blocking)
     got, _ = train(model, optimizer, batches)
+    handle.wait_for_host_steps()
     torch.cuda.synchronize()
     want, resident = reference(build, batches, host_names(handle))
     assert got == want
@@ -134,6 +136,99 @@ def test_step_returns_with_every_host_step_done(uvm, in_backward, monkeypatch):
     model(data(1)[0]).square().mean().backward()
     optimizer.step()
     assert len(done) == len(handle.host_stepped_units()) > 0
+
+
+@in_backward
+def test_a_non_blocking_step_returns_first_and_each_forward_waits_for_its_own(
+        uvm, in_backward, monkeypatch):
+    """non_blocking: optimizer.step() returns while the host's steps are held
+    back; the host then steps first what the next forward runs first; each
+    submodule's forward begins after its own step, nothing is brought from
+    a home its step is writing (each host step made slow here, so the
+    forward overtakes the host), and a learning rate changed after step()
+    reaches the next step only: the losses and weights are the blocking
+    reference's, bit for bit."""
+    import threading
+    from torch_uvm import _C, host_step
+    build = lambda: make_model(layers=8, width=1024)   # noqa: E731
+    batches = data(4)
+    model = build()
+    handle = uvm.offload(model, budget=24 * MiB)
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                        step_in_backward=in_backward, host_step=1.0,
+                                        non_blocking=True)
+    got, _ = train(model, optimizer, batches[:1])      # planned: the host's units known
+    handle.wait_for_host_steps()
+    on_host = handle.host_stepped_units()
+    order = [u for u in handle.units_in_order() if u in on_host]
+    assert len(on_host) >= 3
+    by_home = {_C.home_on_cpu(u.module.weight).data_ptr(): u.name for u in on_host}
+    events, gate, real = [], threading.Event(), host_step._adam_on_cpu
+
+    def held_then_slow(decoupled, group, params, *args, **kwargs):
+        assert gate.wait(timeout=60)
+        time.sleep(0.02)
+        real(decoupled, group, params, *args, **kwargs)
+        events.extend(("stepped", by_home[p.data_ptr()]) for p in params
+                      if p.data_ptr() in by_home)
+    monkeypatch.setattr(host_step, "_adam_on_cpu", held_then_slow)
+    for u in on_host:
+        u.module.register_forward_pre_hook(
+            lambda module, args, name=u.name: events.append(("forward", name)))
+    for k, x in enumerate(batches[1:]):
+        loss = model(x).square().mean()
+        if k == 1:        # a scheduler's change after the last step() reaches this one only
+            for group in optimizer.param_groups:
+                group["lr"] = 1e-3
+        loss.backward()
+        optimizer.step()
+        if k == 0:
+            # returned with none stepped
+            assert handle._host.pending and all(kind == "forward" for kind, _ in events)
+            for group in optimizer.param_groups:
+                group["lr"] = 10.0
+            torch.cuda.synchronize()      # every gradient home: the host may choose any
+            gate.set()
+        optimizer.zero_grad()
+        got.append(loss.item())
+    handle.wait_for_host_steps()
+    monkeypatch.undo()
+    # the first step after the gate opened: the one the worker had taken,
+    # then the others in the forward's order
+    first = [name for kind, name in events if kind == "stepped"][:len(on_host)]
+    assert first[1:] == [u.name for u in order if u.name != first[0]]
+    for u in on_host:          # each forward after its own step, in both steps
+        seen = [kind for kind, name in events if name == u.name]
+        assert seen == ["forward"] + ["stepped", "forward"] * 2 + ["stepped"], (u.name, seen)
+    want, resident = reference(build, batches, host_names(handle))
+    assert got == want
+    for (name, p), q in zip(model.named_parameters(), resident.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_a_non_blocking_steps_error_raises_at_step_or_the_next_forward(uvm, monkeypatch):
+    from torch_uvm import host_step
+    model = make_model(layers=8, width=1024)
+    handle = uvm.offload(model, budget=24 * MiB)
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters()), host_step=1.0,
+                                        non_blocking=True)
+    train(model, optimizer, data(1))
+    handle.wait_for_host_steps()
+
+    def fails(*args, **kwargs):
+        raise MemoryError("no room")
+    monkeypatch.setattr(host_step, "_adam_on_cpu", fails)
+    model(data(1)[0]).square().mean().backward()
+    with pytest.raises(RuntimeError, match=r"host step of submodule '.+' failed"):
+        optimizer.step()      # raises if a step failed by its return; the host's go on
+        model(data(1)[0])     # else the next forward does
+    monkeypatch.undo()
+    try:
+        handle.wait_for_host_steps()                  # those not waited for yet raise here
+    except RuntimeError as e:
+        assert "failed (no room)" in str(e)
+    optimizer.zero_grad()
+    train(model, optimizer, data(1))                  # and it trains on
 
 
 def test_two_optimizers_of_one_offload_step_each_host_weight_once(uvm):
@@ -232,6 +327,13 @@ def test_host_step_is_refused_before_anything_changes(uvm):
         with pytest.raises(ValueError, match=error):
             handle.stream_optimizer(optimizer, host_step=share)
         assert "step" not in optimizer.__dict__ and handle.host_step == 0
+    for share, non_blocking, error in [(0.0, True, "steps nothing on the host"),
+                                       (1.0, "yes", "True or False")]:
+        optimizer = torch.optim.AdamW(model.parameters())
+        with pytest.raises(ValueError, match=error):
+            handle.stream_optimizer(optimizer, host_step=share, non_blocking=non_blocking)
+        assert "step" not in optimizer.__dict__ and handle.host_step == 0
+        assert not handle._host.non_blocking
     handle.stream_optimizer(torch.optim.AdamW(model[0].parameters()), host_step=0.5)
     other = torch.optim.AdamW(model[1].parameters())
     with pytest.raises(ValueError, match="every optimizer of one offload takes the same"):
