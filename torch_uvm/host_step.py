@@ -79,11 +79,16 @@ def check(optimizer: torch.optim.Optimizer, host_step) -> float:
     return float(host_step)
 
 
-def check_non_blocking(non_blocking, host_step: float) -> None:
-    """`non_blocking` as a bool that has host steps to apply to, or a clear
-    refusal before anything changes."""
+def check_non_blocking(non_blocking, host_step: float, offloads: Optional[bool] = None) -> None:
+    """`non_blocking` as a bool that has host steps to apply to, and the
+    offload's (`offloads`, where it streams an optimizer already), or a
+    clear refusal before anything changes."""
     if not isinstance(non_blocking, bool):
         raise ValueError(f"torch_uvm: non_blocking is True or False; got {non_blocking!r}")
+    if offloads is not None and non_blocking != offloads:
+        raise ValueError(
+            f"torch_uvm: this offload streams another optimizer with non_blocking={offloads}; "
+            f"every optimizer of one offload takes the same non_blocking (got {non_blocking})")
     if non_blocking and not host_step:
         raise ValueError(
             "torch_uvm: non_blocking=True lets optimizer.step() return before the host's "
@@ -167,7 +172,10 @@ class _Queued:
         self.future: concurrent.futures.Future = concurrent.futures.Future()
 
     def ready_now(self) -> bool:
-        return all(event.query() for event in self.ready)
+        try:
+            return all(event.query() for event in self.ready)
+        except Exception:   # (a CUDA error: its step's synchronize() raises it, into its future)
+            return True
 
 
 class HostSteps:
@@ -175,9 +183,9 @@ class HostSteps:
     not yet waited for.
 
     The worker takes, of the steps whose gradients are home, the one whose
-    submodule the next forward runs first (in backward, the latest queued):
-    what is left when the backward ends is what the next forward needs
-    last. With `non_blocking`, optimizer.step() returns before the host's
+    submodule the next forward runs first (in backward, about the latest
+    queued): what is left when the backward ends is what the next forward
+    needs last. With `non_blocking`, optimizer.step() returns before the host's
     steps end, and each submodule's next forward waits for its own."""
 
     def __init__(self, device: torch.device):
@@ -207,7 +215,7 @@ class HostSteps:
         False, queuing nothing, where its weights or gradients are not all
         at home (held on the GPU): the caller steps it on the GPU."""
         executor = handle.executor
-        self._finish([q for q in self._pending if q.index == unit.index])   # its last, if pending
+        self.wait_unit(unit.index)      # its last, were it pending
         executor.evict_unit(unit.index)
         params = [p for p in unit.trainable if p.grad is not None]
         views = [(_cpu_view(p), _cpu_view(p.grad)) for p in params]
@@ -247,12 +255,21 @@ class HostSteps:
                 max_workers=1, thread_name_prefix="torch_uvm_host_step")
         rank = handle.forward_rank(unit)
         item = _Queued(unit.index, unit.name, rank, ready, work)
-        self._executor = executor
-        executor.set_home_busy(unit.index, True)
+        for optimizer, _, mine, _ in work:  # (the worker fills them: no new keys while the user runs)
+            for p, *_ in mine:
+                if p not in optimizer.state:
+                    optimizer.state[p] = {}
         with self._lock:
             self._waiting.append(item)
+        try:
+            self._worker.submit(self._run_next)
+        except BaseException:
+            with self._lock:
+                self._waiting.remove(item)
+            raise
+        self._executor = executor
+        executor.set_home_busy(unit.index, True)
         self._pending.append(item)
-        self._worker.submit(self._run_next)
         return True
 
     def _next(self) -> _Queued:
@@ -266,14 +283,14 @@ class HostSteps:
         return item
 
     def _run_next(self) -> None:
-        torch.set_num_threads(self._threads)    # threads(): a new thread's default is every core
         item = self._next()
         start = time.time_ns()
         try:
+            torch.set_num_threads(self._threads)    # threads(): a new thread's default is every core
             self._step(item.ready, item.work)
         except BaseException as e:      # raised where it is waited for, naming its unit
             self._spans.append((item.name, start, time.time_ns()))
-            item.future.set_exception(e)
+            item.future.set_exception(e if isinstance(e, Exception) else RuntimeError(repr(e)))
         else:
             self._spans.append((item.name, start, time.time_ns()))
             item.future.set_result(None)
@@ -298,29 +315,35 @@ class HostSteps:
     def _finish(self, items: List[_Queued]) -> None:
         """Waits for `items` (pending ones); their homes are free to bring
         from. The first that failed raises, naming its unit (the others ran)."""
-        failed = None
+        failed = []
         start = time.perf_counter()
         for item in items:          # (interrupted, those not waited for stay pending)
             try:
                 item.future.result()
             except Exception as e:  # raised again below, with its unit
-                failed = failed or (item.name, e)
+                failed.append((item.name, e))
             self._pending.remove(item)
             if self._executor is not None:
                 self._executor.set_home_busy(item.index, False)
         self._stepped["wait_seconds"] += time.perf_counter() - start
-        if failed is not None:
-            name, e = failed
+        if failed:
+            (name, e), others = failed[0], [n for n, _ in failed[1:]]
+            more = f", and those of {others[:4]}{' ...' if len(others) > 4 else ''} too" \
+                if others else ""
             raise RuntimeError(
-                f"torch_uvm: the host step of submodule '{name}' failed ({e}); its weights "
-                "and states may be part-stepped. The other submodules stepped") from e
+                f"torch_uvm: the host step of submodule '{name}' failed ({e}){more}; their "
+                "weights and states may be part-stepped. The other submodules stepped") from e
 
     def wait(self) -> None:
         """Every step queued is done."""
         self._copies.clear()
         self._finish(list(self._pending))
 
-    def wait_unit(self, index: Optional[int] = None) -> None:
+    def wait_unit(self, index: int) -> None:
+        """The unit's steps queued are done."""
+        self._finish([q for q in self._pending if q.index == index])
+
+    def settle(self, index: Optional[int] = None) -> None:
         """The unit's step (if any) is done, and every step found done by
         now is waited for (their homes are free to bring from)."""
         self._finish([q for q in self._pending if q.index == index or q.future.done()])
@@ -330,7 +353,7 @@ class HostSteps:
         `non_blocking`, those found done by now are waited for."""
         if self.non_blocking:
             self._copies.clear()
-            self.wait_unit()
+            self.settle()
         else:
             self.wait()
 

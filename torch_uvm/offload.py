@@ -169,8 +169,9 @@ class Offloaded:
 
     def wait_for_host_steps(self) -> None:
         """Every step the host was given is done (with
-        ``stream_optimizer(non_blocking=True)``, before reading the
-        offloaded weights other than by a forward or a ``state_dict``)."""
+        ``stream_optimizer(non_blocking=True)``, before reading or writing
+        the offloaded weights or the optimizer's states other than by a forward,
+        a ``state_dict`` or a ``load_state_dict``)."""
         self._host.wait()
 
     def forward_rank(self, unit: _Unit) -> int:
@@ -215,7 +216,7 @@ class Offloaded:
         # host steps not yet waited for (no optimizer.step() since, or a
         # non_blocking one: then each unit's forward waits for its own)
         if self._host.non_blocking:
-            self._host.wait_unit()
+            self._host.settle()
         else:
             self._host.wait()
         executor = self.executor
@@ -274,7 +275,7 @@ class Offloaded:
             self._begin(args, {})
         elif self._host.pending:
             if self._host.non_blocking:
-                self._host.wait_unit(unit.index)    # its own step; the host steps on
+                self._host.settle(unit.index)    # its own step; the host steps on
             elif not self._backward.active:
                 self._host.wait()       # one called on its own before optimizer.step()
             # (in backward, a checkpointed layer's forward again: the host steps on)
@@ -342,14 +343,17 @@ class Offloaded:
         its own step, and the host steps the rest meanwhile (it takes first
         what the forward needs first). The host-stepped parameters'
         gradients are None after ``step()`` (the host holds them until its
-        step). The optimizer's and the module's ``state_dict`` and
-        ``undo()`` wait for every step; code that reads the offloaded parameters in another way
-        before the next forward calls ``handle.wait_for_host_steps()``
-        first. Like `host_step`, the offload's, for all its optimizers."""
+        step). The optimizer's and the module's (or a part's)
+        ``state_dict`` and ``load_state_dict``, and ``undo()``, wait for
+        every step; code that reads or writes the offloaded parameters or
+        the optimizer's states in another way before the next forward calls
+        ``handle.wait_for_host_steps()`` first. Every optimizer of one
+        offload takes the same `non_blocking`."""
         offload_training.check_optimizer(
             self, optimizer, [h for h in list(_LIVE) if h is not self])
         share = host_step_module.check(optimizer, host_step)
-        host_step_module.check_non_blocking(non_blocking, share or self.host_step)
+        host_step_module.check_non_blocking(non_blocking, share or self.host_step,
+                                            self._host.non_blocking if self._optimizers else None)
         if share and self.host_step and share != self.host_step:
             raise ValueError(
                 f"torch_uvm: this offload steps {self.host_step} of its streamed submodules on "
@@ -370,9 +374,17 @@ class Offloaded:
         self.host_step = share or self.host_step
         if non_blocking and not self._host.non_blocking:
             self._host.non_blocking = True
-            ref = weakref.ref(self)      # (the module holds its hook)
-            self._handles.append(self.module.register_state_dict_pre_hook(
-                lambda module, prefix, keep_vars: ref() and ref()._host.wait()))
+            # a state_dict of the module, or of any part of it, reads the
+            # homes, and a load_state_dict writes them: every host step first
+            ref = weakref.ref(self)      # (the modules hold their hooks)
+
+            def settled(*_):
+                handle = ref()
+                if handle is not None:
+                    handle._host.wait()
+            for m in {id(u.module): u.module for u in self.units}.values():
+                self._handles.append(m.register_state_dict_pre_hook(settled))
+                self._handles.append(m.register_load_state_dict_pre_hook(settled))
         offload_training.keep_states_home(self, optimizer)
         # a method, as LR schedulers expect of optimizer.step
         optimizer.step = types.MethodType(

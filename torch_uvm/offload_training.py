@@ -151,6 +151,8 @@ def before_backward(handle: "Offloaded", unit: "_Unit") -> None:
     for u in state.frozen_running:
         executor.after(u.index)
     state.frozen_running.clear()
+    if handle._host.pending:     # (a graph built before a non_blocking step: its own first)
+        handle._host.wait_unit(unit.index)
     executor.before(unit.index, True)
     unit.grads_seen = 0
     if unit.grads_expected == 0:

@@ -5,6 +5,7 @@ resident, the same submodules stepped by AdamW(fused=True) on CPU copies
 of their weights, the others by the optimizer on the GPU. Losses and
 weights must agree bit for bit; where the moments live is asked of the
 driver."""
+import threading
 import time
 
 import pytest
@@ -148,7 +149,6 @@ def test_a_non_blocking_step_returns_first_and_each_forward_waits_for_its_own(
     forward overtakes the host), and a learning rate changed after step()
     reaches the next step only: the losses and weights are the blocking
     reference's, bit for bit."""
-    import threading
     from torch_uvm import _C, host_step
     build = lambda: make_model(layers=8, width=1024)   # noqa: E731
     batches = data(4)
@@ -195,8 +195,13 @@ def test_a_non_blocking_step_returns_first_and_each_forward_waits_for_its_own(
     monkeypatch.undo()
     # the first step after the gate opened: the one the worker had taken,
     # then the others in the forward's order
-    first = [name for kind, name in events if kind == "stepped"][:len(on_host)]
+    stepped = [k for k, (kind, _) in enumerate(events) if kind == "stepped"]
+    first = [events[k][1] for k in stepped[:len(on_host)]]
     assert first[1:] == [u.name for u in order if u.name != first[0]]
+    # and the next forward ran while the host still stepped: its first
+    # submodule came before the host's last step of the one before
+    forwards = [k for k, (kind, _) in enumerate(events) if kind == "forward"]
+    assert forwards[len(on_host)] < stepped[len(on_host) - 1]
     for u in on_host:          # each forward after its own step, in both steps
         seen = [kind for kind, name in events if name == u.name]
         assert seen == ["forward"] + ["stepped", "forward"] * 2 + ["stepped"], (u.name, seen)
@@ -206,7 +211,7 @@ def test_a_non_blocking_step_returns_first_and_each_forward_waits_for_its_own(
         assert torch.equal(p, q), name
 
 
-def test_a_non_blocking_steps_error_raises_at_step_or_the_next_forward(uvm, monkeypatch):
+def test_a_non_blocking_steps_error_raises_at_the_next_forward(uvm, monkeypatch):
     from torch_uvm import host_step
     model = make_model(layers=8, width=1024)
     handle = uvm.offload(model, budget=24 * MiB)
@@ -215,13 +220,17 @@ def test_a_non_blocking_steps_error_raises_at_step_or_the_next_forward(uvm, monk
     train(model, optimizer, data(1))
     handle.wait_for_host_steps()
 
+    gate = threading.Event()
+
     def fails(*args, **kwargs):
+        assert gate.wait(timeout=20)
         raise MemoryError("no room")
     monkeypatch.setattr(host_step, "_adam_on_cpu", fails)
     model(data(1)[0]).square().mean().backward()
-    with pytest.raises(RuntimeError, match=r"host step of submodule '.+' failed"):
-        optimizer.step()      # raises if a step failed by its return; the host's go on
-        model(data(1)[0])     # else the next forward does
+    optimizer.step()          # returns: no step has failed yet
+    gate.set()
+    with pytest.raises(RuntimeError, match=r"host step of submodule '.+' failed \(no room\)"):
+        model(data(1)[0])     # the first host-stepped submodule's forward waits for its step
     monkeypatch.undo()
     try:
         handle.wait_for_host_steps()                  # those not waited for yet raise here
@@ -229,6 +238,40 @@ def test_a_non_blocking_steps_error_raises_at_step_or_the_next_forward(uvm, monk
         assert "failed (no room)" in str(e)
     optimizer.zero_grad()
     train(model, optimizer, data(1))                  # and it trains on
+
+
+def test_a_state_dict_loaded_after_a_non_blocking_step_is_not_stepped_over(uvm, monkeypatch):
+    """The module's load_state_dict after a non-blocking step() waits for the
+    host's steps (held back here until a timer lets them go): the values
+    loaded are what the module holds after, not the host's stepped ones
+    written over them; and its state_dict gives the stepped values."""
+    from torch_uvm import host_step
+    model = make_model(layers=8, width=1024)
+    handle = uvm.offload(model, budget=24 * MiB)
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2),
+                                        host_step=1.0, non_blocking=True)
+    train(model, optimizer, data(1))
+    handle.wait_for_host_steps()
+    saved = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    gate, real = threading.Event(), host_step._adam_on_cpu
+
+    def held(*args, **kwargs):
+        assert gate.wait(timeout=20)
+        real(*args, **kwargs)
+    monkeypatch.setattr(host_step, "_adam_on_cpu", held)
+    train(model, optimizer, data(1, seed=2))
+    assert handle._host.pending
+    threading.Timer(0.2, gate.set).start()
+    stepped = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    assert not handle._host.pending
+    assert any(not torch.equal(stepped[k], saved[k]) for k in saved)
+    train(model, optimizer, data(1, seed=3))
+    gate.clear()
+    threading.Timer(0.2, gate.set).start()
+    model.load_state_dict(saved)
+    handle.wait_for_host_steps()
+    for k, v in model.state_dict().items():
+        assert torch.equal(v.detach().cpu(), saved[k]), k
 
 
 def test_two_optimizers_of_one_offload_step_each_host_weight_once(uvm):
@@ -339,3 +382,7 @@ def test_host_step_is_refused_before_anything_changes(uvm):
     with pytest.raises(ValueError, match="every optimizer of one offload takes the same"):
         handle.stream_optimizer(other, host_step=1.0)
     assert "step" not in other.__dict__ and handle.host_step == 0.5
+    with pytest.raises(ValueError, match="every optimizer of one offload takes the same "
+                                         "non_blocking"):
+        handle.stream_optimizer(other, host_step=0.5, non_blocking=True)
+    assert "step" not in other.__dict__ and not handle._host.non_blocking

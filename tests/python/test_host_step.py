@@ -127,3 +127,24 @@ def test_an_adam_subclass_with_a_step_of_its_own_is_refused():
     with pytest.raises(ValueError, match="this optimizer is a Mine"):
         host_step.check(Mine([p]), 1.0)
     assert host_step.check(Plain([p]), 1.0) == 1.0
+
+
+def test_a_step_whose_wait_for_the_gpu_fails_fails_itself_not_the_worker():
+    """A CUDA error met while the worker chooses or waits (an illegal access
+    in the backward) is that step's error, raised where it is waited for,
+    naming it: the worker never dies with steps left that no one finishes."""
+    class Broken:
+        def query(self):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        synchronize = query
+    steps = host_step.HostSteps(torch.device("cuda", 0))
+    steps._threads = torch.get_num_threads()
+    item = host_step._Queued(3, "layers.3", 3, [Broken()], [])
+    steps._waiting.append(item)
+    steps._pending.append(item)
+    steps._run_next()
+    assert item.future.done() and not steps._waiting
+    with pytest.raises(RuntimeError, match="host step of submodule 'layers.3' failed "
+                                           r"\(CUDA error: an illegal memory access"):
+        steps.wait()
+    assert not steps.pending
