@@ -148,3 +148,54 @@ def test_a_step_whose_wait_for_the_gpu_fails_fails_itself_not_the_worker():
                                            r"\(CUDA error: an illegal memory access"):
         steps.wait()
     assert not steps.pending
+
+
+class _Event:
+    """A CUDA event the GPU has passed, or not yet."""
+
+    def __init__(self, passed: bool):
+        self.passed = passed
+
+    def query(self) -> bool:
+        return self.passed
+
+    def synchronize(self) -> None:
+        pass
+
+
+def test_the_worker_takes_the_step_whose_gradients_are_home_that_the_forward_needs_first():
+    steps = host_step.HostSteps(torch.device("cuda", 0))
+    # (the place in the forward's order, whether its gradients are home)
+    queued = [host_step._Queued(i, f"u{i}", rank, [_Event(home)], [])
+              for i, (rank, home) in enumerate([(5, True), (2, False), (3, True), (4, True)])]
+    steps._waiting.extend(queued)
+    assert steps._next() is queued[2]       # the first needed of those home
+    queued[1].ready[0].passed = True
+    assert [steps._next() for _ in range(3)] == [queued[1], queued[3], queued[0]]
+    late = [host_step._Queued(i, f"v{i}", rank, [_Event(False)], [])
+            for i, rank in enumerate([9, 1])]
+    steps._waiting.extend(late)
+    assert steps._next() is late[0]         # none home: the one queued first
+    assert steps._next() is late[1] and not steps._waiting
+
+
+def test_a_queued_step_keeps_the_hyperparameters_it_was_queued_with():
+    group = {"params": [], "lr": torch.tensor(0.01), "betas": (0.9, 0.999), "eps": 1e-8,
+             "weight_decay": 0.1, "amsgrad": False, "maximize": False, "foreach": None}
+    taken = host_step._hyperparameters(group)
+    group["lr"].fill_(0.5)                  # a scheduler's in-place change, after
+    group["weight_decay"] = 0.0
+    assert taken == {"lr": pytest.approx(0.01), "betas": (0.9, 0.999), "eps": 1e-8,
+                     "weight_decay": 0.1, "amsgrad": False, "maximize": False}
+    assert isinstance(taken["lr"], float)
+
+
+def test_non_blocking_is_refused_where_it_has_nothing_to_do_or_differs():
+    host_step.check_non_blocking(True, 1.0)
+    host_step.check_non_blocking(False, 0.0, offloads=False)
+    with pytest.raises(ValueError, match="steps nothing on the host"):
+        host_step.check_non_blocking(True, 0.0)
+    with pytest.raises(ValueError, match="True or False; got 1"):
+        host_step.check_non_blocking(1, 1.0)
+    with pytest.raises(ValueError, match="same non_blocking"):
+        host_step.check_non_blocking(True, 1.0, offloads=False)
