@@ -115,7 +115,7 @@ PLAN = {
               "torch_uvm_in_backward_host0.5",
               "fsdp2_cpu_offload", "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory",
               "torch_uvm_in_backward_3GiB", "torch_uvm_in_backward_4GiB",
-              "torch_uvm_in_backward_host1_4GiB",
+              "torch_uvm_in_backward_host1_4GiB", "torch_uvm_in_backward_host1_nonblocking_4GiB",
               "torchtune_single_device"],
 }
 # A variant named <variant>_<N>GiB runs under N GiB instead of the scenario's
@@ -326,7 +326,7 @@ def measure(scenario, variant):
         optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True),
                                             step_in_backward="in_backward" in variant,
                                             host_step=method.variant_host_step(variant),
-                                            non_blocking=variant.endswith("_nonblocking"))
+                                            non_blocking="_nonblocking" in variant)
     elif variant == "fsdp2_cpu_offload":
         model = fsdp2(model)
         # the parameters are pinned CPU DTensors: fused=True is PyTorch's
