@@ -433,13 +433,12 @@ def _states(optimizer, group, mine, device):
 def _adam_on_cpu(decoupled: bool, group, params, grads, exp_avgs, exp_avg_sqs,
                  max_exp_avg_sqs, steps, grad_scale=None, found_inf=None) -> None:
     beta1, beta2 = group["betas"]
-    lr = group["lr"]
     adam(
         params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
         fused=True, grad_scale=grad_scale, found_inf=found_inf,
         amsgrad=group.get("amsgrad", False), has_complex=False,
         beta1=float(beta1), beta2=float(beta2),
-        lr=float(lr) if isinstance(lr, torch.Tensor) else lr,
+        lr=group["lr"],           # (a float: _hyperparameters)
         weight_decay=group["weight_decay"], eps=group["eps"],
         maximize=group.get("maximize", False),
         decoupled_weight_decay=group.get("decoupled_weight_decay", decoupled))

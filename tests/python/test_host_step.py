@@ -74,7 +74,8 @@ def test_the_host_steps_arithmetic_is_the_fused_cpu_optimizers(kind, amsgrad):
         grad = torch.randn(1000)
         theirs.grad = grad.clone()
         optimizer.step()
-        host_step._adam_on_cpu(kind is torch.optim.AdamW, group, [ours], [grad], [moments[0]],
+        host_step._adam_on_cpu(kind is torch.optim.AdamW, host_step._hyperparameters(group),
+                               [ours], [grad], [moments[0]],
                                [moments[1]], moments[2:], [step])
         assert torch.equal(ours, theirs.detach())
     assert torch.equal(moments[0], optimizer.state[theirs]["exp_avg"])
@@ -110,7 +111,8 @@ def test_the_host_step_reads_a_grad_scalers_scale_as_a_fused_adam_does(overflow)
     optimizer.step()
     moments, step = [torch.zeros(1000), torch.zeros(1000)], torch.zeros(())
     before = ours.clone()
-    host_step._adam_on_cpu(True, optimizer.param_groups[0], [ours], [grad], [moments[0]],
+    host_step._adam_on_cpu(True, host_step._hyperparameters(optimizer.param_groups[0]),
+                           [ours], [grad], [moments[0]],
                            [moments[1]], [], [step], grad_scale=scale, found_inf=found)
     assert torch.equal(ours, theirs.detach())
     assert torch.equal(ours, before) == overflow and step.item() == (0 if overflow else 1)
