@@ -314,6 +314,17 @@ MUTANTS = [
      "        if False:",
      ["tests/python/test_host_step.py::"
       "test_a_step_whose_wait_for_the_gpu_fails_fails_itself_not_the_worker"]),
+    ("two optimizers of one offload may differ in non_blocking", "torch_uvm/host_step.py",
+     "    if offloads is not None and non_blocking != offloads:",
+     "    if False:",
+     ["tests/python/test_host_step.py::"
+      "test_non_blocking_is_refused_where_it_has_nothing_to_do_or_differs",
+      HOST_STEP + "test_host_step_is_refused_before_anything_changes"]),
+    ("non_blocking without a host step is taken", "torch_uvm/host_step.py",
+     "    if non_blocking and not host_step:", "    if False:",
+     ["tests/python/test_host_step.py::"
+      "test_non_blocking_is_refused_where_it_has_nothing_to_do_or_differs",
+      HOST_STEP + "test_host_step_is_refused_before_anything_changes"]),
     ("each optimizer's step() steps the host's weights of every optimizer",
      "torch_uvm/offload_training.py", "        mine = [(optimizer, original_step)]",
      "        mine = handle._optimizers",
