@@ -23,7 +23,9 @@ the anchors, against the link's limit of the step.
     host_step=S: the last S of the streamed layers step on the host with
     PyTorch's fused CPU AdamW, as the third limit's placement does; with
     _nonblocking, optimizer.step() returns before the host's steps end and
-    each layer's next forward waits for its own) and
+    each layer's next forward waits for its own; with _copies<N>, the
+    backward lets N layers' gradient copies home be under way, not
+    host_step.COPIES_AHEAD's 2, before it waits) and
     torchtune_single_device, the memory savers users
     pick instead, rebuilt as torchtune's single-device recipe uses them
     (bf16 weights on the GPU, bitsandbytes' paged 8-bit AdamW stepped in
@@ -82,6 +84,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 from typing import Optional
@@ -116,6 +119,8 @@ PLAN = {
               "fsdp2_cpu_offload", "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory",
               "torch_uvm_in_backward_3GiB", "torch_uvm_in_backward_4GiB",
               "torch_uvm_in_backward_host1_4GiB", "torch_uvm_in_backward_host1_nonblocking_4GiB",
+              "torch_uvm_in_backward_host1_nonblocking_copies4",
+              "torch_uvm_in_backward_host1_nonblocking_copies8",
               "torchtune_single_device"],
 }
 # A variant named <variant>_<N>GiB runs under N GiB instead of the scenario's
@@ -322,6 +327,9 @@ def measure(scenario, variant):
         model.cuda()
         optimizer = torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True)
     elif uvm:
+        copies = re.search(r"_copies(\d+)(?:_|$)", variant)
+        if copies:   # host_step.COPIES_AHEAD: the backward's gradient copies home in flight
+            torch_uvm.host_step.COPIES_AHEAD = int(copies.group(1))
         handle = torch_uvm.offload(model, budget=budget(scenario, variant), device="cuda")
         optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True),
                                             step_in_backward="in_backward" in variant,
@@ -663,7 +671,9 @@ def report(scenario, runs, rounds):
         if h and h["units"]:     # what the host's step took, and what the step waited for it
             print(f"  {v}: the host stepped {row['host_stepped_bytes'] / GiB:.2f} GiB of weights "
                   f"({h['units']:.0f} units) a step in {h['step_seconds']:.3f} s of fused AdamW; "
-                  f"optimizer.step() waited {h['wait_seconds']:.3f} s for it")
+                  f"optimizer.step() waited {h['wait_seconds']:.3f} s for it"
+                  + (f"; the backward waited {h['copy_wait_seconds']:.3f} s for gradients' "
+                     f"copies home" if "copy_wait_seconds" in h else ""))
     for v, rs in runs.items():
         for r in rs:
             if r and r.get("profile"):

@@ -200,7 +200,8 @@ class HostSteps:
         self._home_stream = self._side = None   # the executor's, and one for the worker's reads
         self._threads = 0               # threads(), read at the first step
         # what the host's steps took, and the caller's waits for them (stats())
-        self._stepped = {"units": 0, "step_seconds": 0.0, "wait_seconds": 0.0}
+        self._stepped = {"units": 0, "step_seconds": 0.0, "wait_seconds": 0.0,
+                         "copy_wait_seconds": 0.0}
         self._spans: collections.deque = collections.deque(maxlen=4096)   # spans()
 
     def submit(self, handle: "Offloaded", unit: "_Unit", optimizers, in_backward: bool) -> bool:
@@ -211,7 +212,9 @@ class HostSteps:
         place, what the user did to the gradients). Its weights leave their
         slot first, and no bring copies its homes until it is done. The
         hyperparameters and a GradScaler's scale are read now (a scheduler
-        or the scaler's update may change them before it runs). Returns
+        or the scaler's update may change them before it runs). Queued in
+        backward, or with `non_blocking`, the parameters' gradients are
+        None from then on (the host holds them until its step). Returns
         False, queuing nothing, where its weights or gradients are not all
         at home (held on the GPU): the caller steps it on the GPU."""
         executor = handle.executor
@@ -237,6 +240,8 @@ class HostSteps:
                 mine = [(p, w, g, p.grad) for p, (w, g) in zip(params, views) if id(p) in ids]
                 if mine:
                     work.append((optimizer, _hyperparameters(group), mine, scaling))
+                for p, *_ in mine:  # (the worker fills them: no new keys while the user runs)
+                    optimizer.state.setdefault(p, {})
         ready = [torch.cuda.Event(), torch.cuda.Event()]
         ready[0].record(self._home_stream)
         ready[1].record(torch.cuda.current_stream(self.device))
@@ -247,18 +252,16 @@ class HostSteps:
             # they pass, so PyTorch's allocator would reserve more the
             # further it runs ahead. It runs at most COPIES_AHEAD ahead.
             self._copies.append(ready[0])
+            start = time.perf_counter()
             while len(self._copies) > COPIES_AHEAD:
                 self._copies.popleft().synchronize()
+            self._stepped["copy_wait_seconds"] += time.perf_counter() - start
         if self._worker is None:
             self._threads = threads()
             self._worker = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="torch_uvm_host_step")
         rank = handle.forward_rank(unit)
         item = _Queued(unit.index, unit.name, rank, ready, work)
-        for optimizer, _, mine, _ in work:  # (the worker fills them: no new keys while the user runs)
-            for p, *_ in mine:
-                if p not in optimizer.state:
-                    optimizer.state[p] = {}
         with self._lock:
             self._waiting.append(item)
         try:
@@ -270,6 +273,10 @@ class HostSteps:
         self._executor = executor
         executor.set_home_busy(unit.index, True)
         self._pending.append(item)
+        if in_backward or self.non_blocking:   # the host holds them until its step
+            for _, _, mine, _ in work:
+                for p, *_ in mine:
+                    p.grad = None
         return True
 
     def _next(self) -> _Queued:
@@ -348,6 +355,17 @@ class HostSteps:
         now is waited for (their homes are free to bring from)."""
         self._finish([q for q in self._pending if q.index == index or q.future.done()])
 
+    def before_forward(self, index: Optional[int] = None, recomputed: bool = False) -> None:
+        """A forward begins (`index` None), or the forward of unit `index`:
+        with `non_blocking`, that unit's step is done and those found done
+        are waited for; else every step is done, but in a forward that a
+        backward recomputes (activation checkpointing), where the host steps
+        on."""
+        if self.non_blocking:
+            self.settle(index)
+        elif not recomputed:
+            self.wait()
+
     def end_step(self) -> None:
         """optimizer.step() returns: every host step is done, or, with
         `non_blocking`, those found done by now are waited for."""
@@ -360,8 +378,9 @@ class HostSteps:
     def stats(self) -> dict:
         """Since the offload began: the units the host stepped, the seconds
         its steps took (the fused kernels, once their gradients were home),
-        and the seconds callers waited for them (optimizer.step(), a forward,
-        undo): what the host's step added to the GPU's."""
+        the seconds callers waited for them (optimizer.step(), a forward,
+        undo): what the host's step added to the GPU's, and the seconds the
+        backward waited for gradients' copies home (COPIES_AHEAD)."""
         return dict(self._stepped)
 
     def spans(self) -> List[tuple]:

@@ -215,10 +215,7 @@ class Offloaded:
             offload_training.follow_trainable(self)
         # host steps not yet waited for (no optimizer.step() since, or a
         # non_blocking one: then each unit's forward waits for its own)
-        if self._host.non_blocking:
-            self._host.settle()
-        else:
-            self._host.wait()
+        self._host.before_forward()
         executor = self.executor
         if executor is not None:
             offload_training.end_failed_backward(self)
@@ -273,12 +270,8 @@ class Offloaded:
                                "offload (or give it a budget that holds the whole model) first.")
         if self.executor is None:      # a submodule called on its own first
             self._begin(args, {})
-        elif self._host.pending:
-            if self._host.non_blocking:
-                self._host.settle(unit.index)    # its own step; the host steps on
-            elif not self._backward.active:
-                self._host.wait()       # one called on its own before optimizer.step()
-            # (in backward, a checkpointed layer's forward again: the host steps on)
+        elif self._host.pending:    # (a unit called on its own before optimizer.step())
+            self._host.before_forward(unit.index, recomputed=self._backward.active)
         self.executor.before(unit.index, False)
 
     def _post(self, unit: _Unit, output=None) -> None:

@@ -180,7 +180,7 @@ def _grads_complete(handle: "Offloaded", unit: "_Unit") -> None:
         # take it now, optimizer.step() steps it
         executor.grads_ready(unit.index, True, False)
         if handle._host.submit(handle, unit, handle._optimizers, in_backward=True):
-            for p in unit.trainable:
+            for p in unit.trainable:    # (those no optimizer steps too, as on the GPU)
                 p.grad = None
             unit.stepped = True
             state.stepped_since_step = True
@@ -477,13 +477,8 @@ def step(handle: "Offloaded", optimizer: torch.optim.Optimizer, original_step,
     stepped: List[str] = []
     try:
         mine = [(optimizer, original_step)]
-        own = {id(p) for g in optimizer.param_groups for p in g["params"]}
         for u in host_step.choose(handle):   # the host steps them while the GPU steps the rest
             if not u.stepped and handle._host.submit(handle, u, mine, in_backward=False):
-                if handle._host.non_blocking:    # (held by the host until its step)
-                    for p in u.trainable:
-                        if id(p) in own:
-                            p.grad = None
                 u.stepped = True
                 stepped.append(u.name)
         for u in handle.units_in_order():

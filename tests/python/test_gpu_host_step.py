@@ -189,6 +189,8 @@ def test_a_non_blocking_step_returns_first_and_each_forward_waits_for_its_own(
                 group["lr"] = 10.0
             torch.cuda.synchronize()      # every gradient home: the host may choose any
             gate.set()
+            # their gradients are the host's alone (None, whatever the loop does next)
+            assert all(p.grad is None for u in on_host for p in u.module.parameters())
         optimizer.zero_grad()
         got.append(loss.item())
     handle.wait_for_host_steps()
