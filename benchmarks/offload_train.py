@@ -119,8 +119,10 @@ PLAN = {
               "fsdp2_cpu_offload", "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory",
               "torch_uvm_in_backward_3GiB", "torch_uvm_in_backward_4GiB",
               "torch_uvm_in_backward_host1_4GiB", "torch_uvm_in_backward_host1_nonblocking_4GiB",
+              "torch_uvm_in_backward_host1_nonblocking_copies2",
               "torch_uvm_in_backward_host1_nonblocking_copies4",
               "torch_uvm_in_backward_host1_nonblocking_copies8",
+              "torch_uvm_in_backward_host1_nonblocking_copies16",
               "torchtune_single_device"],
 }
 # A variant named <variant>_<N>GiB runs under N GiB instead of the scenario's

@@ -99,7 +99,7 @@ def check_non_blocking(non_blocking, host_step: float, offloads: Optional[bool] 
 THREADS_VARIABLE = "TORCH_UVM_HOST_STEP_THREADS"
 # In backward, how many submodules' gradient copies home may be under way
 # before the next waits (HostSteps.submit).
-COPIES_AHEAD = 2
+COPIES_AHEAD = 16
 
 
 def threads() -> int:
