@@ -152,7 +152,9 @@ class Offloaded:
     def host_step_stats(self) -> dict:
         """stream_optimizer's host_step so far: ``units`` stepped on the
         host, ``step_seconds`` its fused AdamW took, ``wait_seconds`` the
-        caller spent waiting for it (what the host added to the step)."""
+        caller spent waiting for it (what the host added to the step),
+        ``copy_wait_seconds`` the backward spent waiting for gradients'
+        copies home."""
         return self._host.stats()
 
     def host_stepped_units(self) -> List[_Unit]:
