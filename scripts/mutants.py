@@ -302,6 +302,17 @@ MUTANTS = [
      "            self.settle(index)\n",
      "            self.wait()\n",
      [HOST_STEP + "test_a_non_blocking_step_returns_first_and_each_forward_waits_for_its_own"]),
+    ("the backward never waits for the gradients' copies home", "torch_uvm/host_step.py",
+     "        while len(self._copies) > COPIES_AHEAD:",
+     "        while False:",
+     ["tests/python/test_host_step.py::"
+      "test_the_backward_waits_for_the_oldest_copy_beyond_copies_ahead"]),
+    ("the backward waits for the newest gradient copy home, not the oldest",
+     "torch_uvm/host_step.py",
+     "            self._copies.popleft().synchronize()",
+     "            self._copies.pop().synchronize()",
+     ["tests/python/test_host_step.py::"
+      "test_the_backward_waits_for_the_oldest_copy_beyond_copies_ahead"]),
     ("a non-blocking step after backward leaves the user the gradients the host holds",
      "torch_uvm/host_step.py",
      "        if in_backward or self.non_blocking:   # the host holds them until its step",

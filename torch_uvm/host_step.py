@@ -250,16 +250,7 @@ class HostSteps:
         ready[0].record(self._home_stream)
         ready[1].record(torch.cuda.current_stream(self.device))
         if in_backward:
-            # In backward the compute stream does not wait for the copies,
-            # and the host queues kernels far ahead of the GPU: the memory
-            # of gradients whose copies are under way is reused only once
-            # they pass, so PyTorch's allocator would reserve more the
-            # further it runs ahead. It runs at most COPIES_AHEAD ahead.
-            self._copies.append(ready[0])
-            start = time.perf_counter()
-            while len(self._copies) > COPIES_AHEAD:
-                self._copies.popleft().synchronize()
-            self._stepped["copy_wait_seconds"] += time.perf_counter() - start
+            self._copy_under_way(ready[0])
         if self._worker is None:
             self._threads = threads()
             self._worker = concurrent.futures.ThreadPoolExecutor(
@@ -282,6 +273,19 @@ class HostSteps:
                 for p, *_ in mine:
                     p.grad = None
         return True
+
+    def _copy_under_way(self, copied) -> None:
+        """In backward the compute stream does not wait for the gradients'
+        copies home (`copied`: an event after one), and the host queues
+        kernels far ahead of the GPU: the memory of gradients whose copies
+        are under way is reused only once they pass, so PyTorch's allocator
+        would reserve more the further it runs ahead. It runs at most
+        COPIES_AHEAD copies ahead: beyond, it waits for the oldest."""
+        self._copies.append(copied)
+        start = time.perf_counter()
+        while len(self._copies) > COPIES_AHEAD:
+            self._copies.popleft().synchronize()
+        self._stepped["copy_wait_seconds"] += time.perf_counter() - start
 
     def _next(self) -> _Queued:
         """Of the steps not begun, the one whose submodule runs first in the

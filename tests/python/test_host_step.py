@@ -157,12 +157,24 @@ class _Event:
 
     def __init__(self, passed: bool):
         self.passed = passed
+        self.waited = False
 
     def query(self) -> bool:
         return self.passed
 
     def synchronize(self) -> None:
-        pass
+        self.waited = self.passed = True
+
+
+def test_the_backward_waits_for_the_oldest_copy_beyond_copies_ahead():
+    steps = host_step.HostSteps(torch.device("cuda", 0))
+    copies = [_Event(False) for _ in range(host_step.COPIES_AHEAD + 3)]
+    for event in copies:
+        steps._copy_under_way(event)
+    assert [e.waited for e in copies] == [True] * 3 + [False] * host_step.COPIES_AHEAD
+    assert steps.stats()["copy_wait_seconds"] >= 0
+    steps.end_step()                        # a step forgets them: the next backward waits anew
+    assert not steps._copies
 
 
 def test_the_worker_takes_the_step_whose_gradients_are_home_that_the_forward_needs_first():
