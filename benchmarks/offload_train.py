@@ -24,8 +24,8 @@ the anchors, against the link's limit of the step.
     PyTorch's fused CPU AdamW, as the third limit's placement does; with
     _nonblocking, optimizer.step() returns before the host's steps end and
     each layer's next forward waits for its own; with _copies<N>, the
-    backward lets N layers' gradient copies home be under way, not
-    host_step.COPIES_AHEAD's 2, before it waits) and
+    backward lets N layers' gradient copies home be under way before it
+    waits, not the default host_step.COPIES_AHEAD) and
     torchtune_single_device, the memory savers users
     pick instead, rebuilt as torchtune's single-device recipe uses them
     (bf16 weights on the GPU, bitsandbytes' paged 8-bit AdamW stepped in

@@ -98,12 +98,14 @@ def check_non_blocking(non_blocking, host_step: float, offloads: Optional[bool] 
 
 THREADS_VARIABLE = "TORCH_UVM_HOST_STEP_THREADS"
 # In backward, how many submodules' gradient copies home may be under way
-# before the next waits (HostSteps.submit): a bound on the gradients
-# PyTorch's allocator holds for copies not yet passed. 16, not 2: the 3B
-# full fine-tune under 8 GiB (H100, 2026-11-27) stepped 7% faster in three
-# of four paired rounds, its peak GPU memory unchanged
-# (benchmarks/results/2026-11-27-h100, offload_train-llama-copies-*).
-COPIES_AHEAD = 16
+# before the next waits (HostSteps._copy_under_way): a bound on the
+# gradients PyTorch's allocator holds, beside the budget, for copies not
+# yet passed. With 16 the 3B full fine-tune under 8 GiB (H100, 2026-11-27)
+# stepped 7% faster in three of four paired rounds, its peak GPU memory
+# unchanged (benchmarks/results/2026-11-27-h100, offload_train-llama-copies-*);
+# it stays 2 until a bound in bytes is measured where the backward sets
+# the peak (up to 16 submodules' gradients could wait there).
+COPIES_AHEAD = 2
 
 
 def threads() -> int:

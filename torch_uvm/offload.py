@@ -272,7 +272,8 @@ class Offloaded:
                                "offload (or give it a budget that holds the whole model) first.")
         if self.executor is None:      # a submodule called on its own first
             self._begin(args, {})
-        elif self._host.pending:    # (a unit called on its own before optimizer.step())
+        elif self._host.pending:    # (non_blocking: its own step; else every one, unless
+            # a backward recomputes this forward, or it is called on its own before step())
             self._host.before_forward(unit.index, recomputed=self._backward.active)
         self.executor.before(unit.index, False)
 
