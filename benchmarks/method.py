@@ -636,6 +636,24 @@ PLACEMENTS = {
 # memory per 4-byte weight stepped there.
 ADAMW_HOST_MEMORY = 7
 
+# The same, where what crosses for compute under bf16 autocast is the
+# weights' bf16 casts (the values autocast makes on the GPU) and their bf16
+# gradients (whose fp32 upcasts are the gradients autocast gives the fp32
+# weights: one backward a step): half the bytes of every weight and
+# gradient crossing for a host step. A GPU step still needs the fp32
+# weight and moments. A host step there also casts the stepped weight (4
+# bytes read, 2 written) and upcasts its gradient (2 read, 4 written), in
+# passes of their own (PyTorch's fused AdamW does not cast): 12 more bytes
+# of the host's memory a weight, beside AdamW's 28 (the fifth column). torch_uvm does not place weights so (yet): least_step_s(...,
+# PLACEMENTS_BF16_CASTS) says what it would leave.
+PLACEMENTS_BF16_CASTS = {
+    "streamed casts, host step": (1, 0.5, 1, 0, ADAMW_HOST_MEMORY + 3),
+    "streamed, GPU step": (4, 3, 0, 0),
+    "resident cast, host step": (0.5, 0.5, 1, 0.5, ADAMW_HOST_MEMORY + 3),
+    "resident, GPU step": (2, 2, 0, 1),
+    "resident with moments": (0, 0, 0, 3),
+}
+
 
 def host_memory_rate(rates: dict) -> Optional[float]:
     """The most the host's memory carried at once in shared_host_rates'
@@ -657,7 +675,8 @@ def host_memory_rate(rates: dict) -> Optional[float]:
 
 def least_step_s(weights: int, budget: int, h2d: float, d2h: float,
                  host_bytes_per_s: float, compute_s: float = 0.0,
-                 host_memory_bytes_per_s: Optional[float] = None) -> dict:
+                 host_memory_bytes_per_s: Optional[float] = None,
+                 placements: Optional[dict] = None) -> dict:
     """Seconds per step no placement of a full fine-tune (fp32 weights,
     AdamW's two fp32 moments) can beat with this link *and this host*:
     least_training_bytes counts only the link, as if the host stepped for
@@ -675,10 +694,14 @@ def least_step_s(weights: int, budget: int, h2d: float, d2h: float,
     the host's memory: every byte crossing either way, and
     ADAMW_HOST_MEMORY per weight byte the host steps, at that rate. That
     answer is an estimate, not a floor: the rate is what the host's memory
-    was seen to carry, which a placement might exceed."""
+    was seen to carry, which a placement might exceed. `placements`: the
+    ways a weight may be placed (PLACEMENTS; PLACEMENTS_BF16_CASTS where
+    the weights' bf16 casts cross), each (to the GPU, home, stepped on the
+    host, budget[, the host's memory a weight byte the host steps])."""
     from scipy.optimize import linprog
-    names = list(PLACEMENTS)
-    cols = [PLACEMENTS[n] for n in names]
+    placements = placements or PLACEMENTS
+    names = list(placements)
+    cols = [placements[n] for n in names]
     g = float(1 << 30)          # in GiB and seconds: coefficients near 1 for the solver
     # variables: the weight GiB of each placement, then T; minimise T
     c = [0.0] * len(cols) + [1.0]
@@ -688,8 +711,8 @@ def least_step_s(weights: int, budget: int, h2d: float, d2h: float,
             [float(col[3]) for col in cols] + [0.0]]
     b_ub = [0.0, 0.0, 0.0, budget / g]
     if host_memory_bytes_per_s:
-        a_ub.append([(col[0] + col[1] + ADAMW_HOST_MEMORY * col[2]) * g / host_memory_bytes_per_s
-                     for col in cols] + [-1.0])
+        a_ub.append([(col[0] + col[1] + (col[4] if len(col) > 4 else ADAMW_HOST_MEMORY) * col[2])
+                     * g / host_memory_bytes_per_s for col in cols] + [-1.0])
         b_ub.append(0.0)
     a_eq, b_eq = [[1.0] * len(cols) + [0.0]], [weights / g]
     bounds = [(0, None)] * len(cols) + [(compute_s, None)]

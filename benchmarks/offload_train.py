@@ -2,6 +2,8 @@
 the anchors, against the link's limit of the step.
 
     python benchmarks/offload_train.py [--rounds 2] [--only mlp,gpt2] [--out DIR]
+    python benchmarks/offload_train.py --from DIR/offload_train.json --out DIR2
+        (a run's table, ratios, JSON and plot again, with the limits as computed now)
 
 (t) mlp: 32 fp32 Linear(4096, 4096, bias=False) (2 GiB of weights; 8 GiB with
     gradients and AdamW's two moments), batch 256, AdamW, under a 1 GiB
@@ -76,7 +78,10 @@ CPU AdamW at its measured rate to the first's link; the fourth, printed
 as a line and a ratio, also lets the copies both ways and the AdamW's 28
 bytes a weight share the host's memory at the most it carried in the run
 (method.host_memory_rate): an estimate, not a floor, since the memory may
-carry more than it was seen to. Rates are the pinned_rate variant's in the
+carry more than it was seen to. Beside them, as a line and not a ratio:
+the third and fourth were the weights' bf16 casts and their gradients to
+cross in place of fp32 ones (method.PLACEMENTS_BF16_CASTS), a placement
+torch_uvm does not take. Rates are the pinned_rate variant's in the
 same round. Beside every figure, the process's GPU memory as the driver
 sees it (method.ProcessGpuMemory), apart from torch_uvm's books.
 """
@@ -470,6 +475,7 @@ LEAST = "the least any placement moves"
 ON_GPU = "with the step on the GPU"
 HOST = "the least any placement takes on this host"
 SHARED = "the least on this host, its memory shared"
+CASTS = "the least on this host were bf16 casts to cross"
 
 
 def link_limit(weights: int, resident: int, h2d: float, d2h: float, host: int = 0,
@@ -507,7 +513,7 @@ def host_rate(runs) -> Optional[float]:
 
 
 def host_limit(weights: int, budget_bytes: int, h2d: float, d2h: float, runs,
-               shared: bool = False) -> Optional[dict]:
+               shared: bool = False, placements: Optional[dict] = None) -> Optional[dict]:
     """The third limit, the least any placement takes with this host
     (method.least_step_s): the link's bytes as in the first, and the
     weights the host steps at the fused CPU AdamW rate pinned_rate
@@ -516,8 +522,9 @@ def host_limit(weights: int, budget_bytes: int, h2d: float, d2h: float, runs,
     crossing in place of fp32 weights (as in the first). `shared`, the
     fourth: the link's copies and the host's AdamW also share the host's
     memory at the most it carried in this run (method.host_memory_rate,
-    the median over rounds). None where pinned_rate did not measure what
-    it needs."""
+    the median over rounds). `placements`: method.least_step_s's (the
+    weights' bf16 casts crossing: method.PLACEMENTS_BF16_CASTS). None
+    where pinned_rate did not measure what it needs."""
     rate = host_rate(runs)
     memories = [m for m in (method.host_memory_rate(r) for r in runs.get("pinned_rate", []) if r)
                 if m] if shared else []
@@ -525,7 +532,7 @@ def host_limit(weights: int, budget_bytes: int, h2d: float, d2h: float, runs,
         return None
     memory = method.summarize(memories)["median"] if shared else None
     found = method.least_step_s(weights, budget_bytes, h2d, d2h, 4 * rate,
-                                host_memory_bytes_per_s=memory)
+                                host_memory_bytes_per_s=memory, placements=placements)
     return {**found, "host_adamw_elements_per_s": rate,
             **({"host_memory_gbps": memory / 1e9} if shared else {})}
 
@@ -542,7 +549,8 @@ def limits(scenario, runs, rounds):
     h2d = method.summarize(h2ds)["median"]
     d2h = method.summarize(d2hs)["median"]
     out = {"measured": any(rate_runs), "least": None, "on_gpu": None, "host": None,
-           "shared": None, "least_s": [None] * rounds, "on_gpu_s": [None] * rounds,
+           "shared": None, "casts": None, "casts_shared": None,
+           "least_s": [None] * rounds, "on_gpu_s": [None] * rounds,
            "host_s": [None] * rounds, "shared_s": [None] * rounds}
     if some:
         w = some["weights_bytes"]
@@ -554,6 +562,9 @@ def limits(scenario, runs, rounds):
             if out[key]:
                 out[f"{key}_s"] = [host_limit(w, limit_budget, h, d, runs, shared)["seconds"]
                                    for h, d in zip(h2ds, d2hs)]
+            # (beside them, not a ratio: a placement torch_uvm does not take)
+            out["casts_shared" if shared else "casts"] = host_limit(
+                w, limit_budget, h2d, d2h, runs, shared, method.PLACEMENTS_BF16_CASTS)
     if uvm_run:
         w, r = uvm_run["weights_bytes"], uvm_run["resident_weight_bytes"]
         out["on_gpu"] = link_limit(w, r, h2d, d2h)
@@ -601,6 +612,15 @@ def report(scenario, runs, rounds):
               f"memory, at the most it carried here, {lim['shared']['host_memory_gbps']:.0f} "
               f"GB/s: an estimate, not a floor): {lim['shared']['seconds']:.3f} s, placing "
               + ", ".join(f"{n} {b / GiB:.2f} GiB" for n, b in lim["shared"]["mix_bytes"].items()))
+    if lim["casts"]:
+        def placing(found):
+            return ", ".join(f"{n} {b / GiB:.2f} GiB" for n, b in found["mix_bytes"].items())
+        print(f"{CASTS} (the third and fourth, the weights' bf16 casts and their "
+              f"gradients crossing in place of fp32 weights and gradients: what autocast "
+              f"computes with; a placement torch_uvm does not take): "
+              f"{lim['casts']['seconds']:.3f} s (placing {placing(lim['casts'])})"
+              + (f"; {lim['casts_shared']['seconds']:.3f} s with its memory shared (placing "
+                 f"{placing(lim['casts_shared'])})" if lim["casts_shared"] else ""))
     unit = "tokens/s" if scenario in TOKENS else "s / step"
     print(f"| variant | {unit} (median of rounds; min-max) | x the link limit ({LEAST}) | "
           f"x the link limit {ON_GPU} (a host_step variant: its own placement's) | x {HOST} | "
@@ -687,19 +707,30 @@ def report(scenario, runs, rounds):
 def main():
     ap = method.driver_args(argparse.ArgumentParser(), rounds=2, only="mlp,gpt2")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--from", dest="source", metavar="JSON",
+                    help="report the runs of an offload_train.json again (the limits as "
+                         "this file computes them now), running nothing")
     args = ap.parse_args()
     if args.variant:
         print("RESULT " + json.dumps(run(args.scenario, args.variant)), flush=True)
         return
-    scenarios = method.chosen(PLAN, args.only, args.variants)
-    runs = method.scenario_runs(os.path.abspath(__file__), PLAN, scenarios, args.rounds,
-                                timeout=480)
+    if args.source:
+        with open(args.source) as f:
+            runs = json.load(f)["runs"]
+        scenarios = list(runs)
+        args.rounds = max(len(rs) for s in scenarios for rs in runs[s].values())
+    else:
+        scenarios = method.chosen(PLAN, args.only, args.variants)
+        runs = method.scenario_runs(os.path.abspath(__file__), PLAN, scenarios, args.rounds,
+                                    timeout=480)
     compared, tables = {}, {}
     for s in scenarios:
         table, lim = report(s, runs[s], args.rounds)
         tables[s] = {"variants": table, "link_limit": lim["least"],
                      "link_limit_with_step_on_gpu": lim["on_gpu"], "least_on_this_host": lim["host"],
-                     "least_on_this_host_memory_shared": lim["shared"]}
+                     "least_on_this_host_memory_shared": lim["shared"],
+                     "least_on_this_host_bf16_casts": lim["casts"],
+                     "least_on_this_host_bf16_casts_memory_shared": lim["casts_shared"]}
 
         def metric(v):
             return [r["s_per_step"] if r else None for r in runs[s].get(v, [])]

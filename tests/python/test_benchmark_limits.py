@@ -407,3 +407,63 @@ def test_the_training_report_prints_the_least_with_the_hosts_memory_shared(capsy
     no_shared = offload_train.report("llama", {**runs, "pinned_rate": [
         {"h2d_gbps": 50.0, "d2h_gbps": 50.0, "host_adamw_elements_per_s": 4e9}]}, 1)[1]
     assert no_shared["shared"] is None and no_shared["shared_s"] == [None]
+
+
+def test_the_least_were_bf16_casts_to_cross_moves_half_of_what_a_host_step_moves():
+    """method.PLACEMENTS_BF16_CASTS: the weights' bf16 casts and their bf16
+    gradients cross for a host step (half the bytes), the host's memory
+    carries the cast and upcast too; a GPU step is as before. Beside the
+    host's least it is no slower, and printed beside it, not as a ratio."""
+    w, b, h = 12 * GiB, 8 * GiB, 55e9
+    for memory in (None, method.host_memory_rate(SHARED_RATES)):
+        fp32 = method.least_step_s(w, b, h, h, 4 * 4.5e9, host_memory_bytes_per_s=memory)
+        casts = method.least_step_s(w, b, h, h, 4 * 4.5e9, host_memory_bytes_per_s=memory,
+                                    placements=method.PLACEMENTS_BF16_CASTS)
+        assert casts["seconds"] < fp32["seconds"]
+    # with every weight streamed and stepped on the host, the link carries
+    # half as much: a host that steps for free leaves the link's half time
+    free = method.least_step_s(w, 0, h, h, 1e18, placements=method.PLACEMENTS_BF16_CASTS)
+    assert free["seconds"] == pytest.approx(w / h, rel=1e-6)
+    assert method.least_step_s(w, 0, h, h, 1e18)["seconds"] == pytest.approx(2 * w / h, rel=1e-6)
+    assert method.PLACEMENTS_BF16_CASTS["streamed, GPU step"] == \
+        method.PLACEMENTS["streamed, GPU step"]
+
+
+def test_the_training_report_prints_the_least_were_bf16_casts_to_cross(capsys):
+    run = {**fake_train_run([2.0, 1.9], 0.5), "weights_bytes": 12 * GiB, "tokens_per_step": 4096}
+    rates = {"h2d_gbps": 50.0, "d2h_gbps": 50.0, "host_adamw_elements_per_s": 4e9, **SHARED_RATES}
+    runs = {"pinned_rate": [rates], "resident": [run],
+            "torch_uvm_in_backward": [{**run, "s_per_step": 1.2, "resident_weight_bytes": 6 * GiB}]}
+    _, lim = offload_train.report("llama", runs, 1)
+    out = capsys.readouterr().out
+    want = method.least_step_s(12 * GiB, 8 * GiB, 50e9, 50e9, 16e9,
+                               placements=method.PLACEMENTS_BF16_CASTS)
+    assert lim["casts"]["seconds"] == pytest.approx(want["seconds"])
+    assert lim["casts_shared"]["seconds"] > lim["casts"]["seconds"]
+    assert lim["casts"]["seconds"] < lim["host"]["seconds"]
+    assert f"{offload_train.CASTS} (the third and fourth" in out
+    assert f"{want['seconds']:.3f} s (placing " in out
+
+
+def test_a_committed_run_is_reported_again_without_running(tmp_path, monkeypatch, capsys):
+    """offload_train --from JSON: the runs of an earlier offload_train.json,
+    their table and ratios again with the limits as computed now; nothing
+    runs (a spawned variant would fail here)."""
+    run = {**fake_train_run([2.0, 1.9], 0.5), "weights_bytes": 12 * GiB, "tokens_per_step": 4096}
+    rates = {"h2d_gbps": 50.0, "d2h_gbps": 50.0, "host_adamw_elements_per_s": 4e9, **SHARED_RATES}
+    runs = {"llama": {"pinned_rate": [rates, rates], "resident": [run, run],
+                      "torch_uvm_in_backward_host1": [{**run, "s_per_step": 1.2,
+                                                       "resident_weight_bytes": 6 * GiB}] * 2}}
+    source = tmp_path / "old.json"
+    source.write_text(json.dumps({"machine": {}, "comparisons": {}, "runs": runs}))
+    monkeypatch.setattr(offload_train.method, "scenario_runs",
+                        lambda *a, **k: pytest.fail("--from ran a variant"))
+    monkeypatch.setattr(sys, "argv", ["offload_train.py", "--from", str(source),
+                                      "--out", str(tmp_path / "new")])
+    offload_train.main()
+    out = capsys.readouterr().out
+    assert f"{offload_train.CASTS} (the third and fourth" in out
+    assert "| torch_uvm_in_backward_host1 | 3413 (3413-3413)" in out
+    written = json.loads((tmp_path / "new" / "offload_train.json").read_text())
+    assert written["runs"] == runs and written["tables"]["llama"]["least_on_this_host_bf16_casts"]
+    assert "n=2" in out
