@@ -390,11 +390,17 @@ def test_the_least_with_the_hosts_memory_shared_counts_every_byte_through_it():
     assert method.host_memory_rate({"both_ways_h2d_gbps": 45.0}) is None
 
 
-def test_the_training_report_prints_the_least_with_the_hosts_memory_shared(capsys):
+def llama_runs_with_shared_rates(uvm_variant="torch_uvm_in_backward", rounds=1):
+    """A 12 GiB model's runs: its rates (the host's memory's too), all
+    resident at 0.5 s a step and torch_uvm at 1.2 with 6 GiB resident."""
     run = {**fake_train_run([2.0, 1.9], 0.5), "weights_bytes": 12 * GiB, "tokens_per_step": 4096}
     rates = {"h2d_gbps": 50.0, "d2h_gbps": 50.0, "host_adamw_elements_per_s": 4e9, **SHARED_RATES}
-    runs = {"pinned_rate": [rates], "resident": [run],
-            "torch_uvm_in_backward": [{**run, "s_per_step": 1.2, "resident_weight_bytes": 6 * GiB}]}
+    return {"pinned_rate": [rates] * rounds, "resident": [run] * rounds,
+            uvm_variant: [{**run, "s_per_step": 1.2, "resident_weight_bytes": 6 * GiB}] * rounds}
+
+
+def test_the_training_report_prints_the_least_with_the_hosts_memory_shared(capsys):
+    runs = llama_runs_with_shared_rates()
     _, lim = offload_train.report("llama", runs, 1)
     out = capsys.readouterr().out
     want = method.least_step_s(12 * GiB, 8 * GiB, 50e9, 50e9, 16e9,
@@ -430,10 +436,7 @@ def test_the_least_were_bf16_casts_to_cross_moves_half_of_what_a_host_step_moves
 
 
 def test_the_training_report_prints_the_least_were_bf16_casts_to_cross(capsys):
-    run = {**fake_train_run([2.0, 1.9], 0.5), "weights_bytes": 12 * GiB, "tokens_per_step": 4096}
-    rates = {"h2d_gbps": 50.0, "d2h_gbps": 50.0, "host_adamw_elements_per_s": 4e9, **SHARED_RATES}
-    runs = {"pinned_rate": [rates], "resident": [run],
-            "torch_uvm_in_backward": [{**run, "s_per_step": 1.2, "resident_weight_bytes": 6 * GiB}]}
+    runs = llama_runs_with_shared_rates()
     _, lim = offload_train.report("llama", runs, 1)
     out = capsys.readouterr().out
     want = method.least_step_s(12 * GiB, 8 * GiB, 50e9, 50e9, 16e9,
@@ -449,11 +452,7 @@ def test_a_committed_run_is_reported_again_without_running(tmp_path, monkeypatch
     """offload_train --from JSON: the runs of an earlier offload_train.json,
     their table and ratios again with the limits as computed now; nothing
     runs (a spawned variant would fail here)."""
-    run = {**fake_train_run([2.0, 1.9], 0.5), "weights_bytes": 12 * GiB, "tokens_per_step": 4096}
-    rates = {"h2d_gbps": 50.0, "d2h_gbps": 50.0, "host_adamw_elements_per_s": 4e9, **SHARED_RATES}
-    runs = {"llama": {"pinned_rate": [rates, rates], "resident": [run, run],
-                      "torch_uvm_in_backward_host1": [{**run, "s_per_step": 1.2,
-                                                       "resident_weight_bytes": 6 * GiB}] * 2}}
+    runs = {"llama": llama_runs_with_shared_rates("torch_uvm_in_backward_host1", rounds=2)}
     source = tmp_path / "old.json"
     source.write_text(json.dumps({"machine": {}, "comparisons": {}, "runs": runs}))
     monkeypatch.setattr(offload_train.method, "scenario_runs",
