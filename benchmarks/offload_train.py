@@ -479,21 +479,28 @@ CASTS = "the least on this host were bf16 casts to cross"
 
 
 def link_limit(weights: int, resident: int, h2d: float, d2h: float, host: int = 0,
-               host_elements_per_s: Optional[float] = None) -> dict:
+               host_elements_per_s: Optional[float] = None,
+               host_memory_bytes_per_s: Optional[float] = None) -> dict:
     """The second limit, torch_uvm's placement: the step's bytes each way
     with the step in backward, and the seconds they take at the pinned
     rates (bytes/s), both ways at once. `host` of the streamed weight bytes
     step on the host (host_step): their moments stay there (their gradients
     go home where a GPU step's weights do), and the host's fused AdamW
-    takes them at `host_elements_per_s`, beside the link."""
+    takes them at `host_elements_per_s`, beside the link. With
+    `host_memory_bytes_per_s` (method.host_memory_rate), the copies both
+    ways and that AdamW also share the host's memory, as in
+    method.least_step_s: an estimate, not a floor."""
     streamed = weights - resident
     moments = 2 * (weights - host)               # AdamW: two fp32 moments per GPU-stepped weight
     to_gpu = 2 * streamed + moments
     home = streamed + moments
     host_s = host / 4 / host_elements_per_s if host and host_elements_per_s else 0.0
+    memory_s = ((to_gpu + home + method.ADAMW_HOST_MEMORY * host) / host_memory_bytes_per_s
+                if host_memory_bytes_per_s else 0.0)
     return {"to_gpu_bytes": to_gpu, "home_bytes": home, "h2d_gbps": h2d / 1e9,
             "d2h_gbps": d2h / 1e9, "host_step_bytes": host, "host_step_s": host_s,
-            "seconds": max(to_gpu / h2d, home / d2h, host_s)}
+            "host_memory_s": memory_s,
+            "seconds": max(to_gpu / h2d, home / d2h, host_s, memory_s)}
 
 
 def least_limit(weights: int, budget: int, h2d: float, d2h: float) -> dict:
@@ -512,6 +519,14 @@ def host_rate(runs) -> Optional[float]:
                             "host_adamw_elements_per_s", None)
 
 
+def host_memory(runs) -> Optional[float]:
+    """The most the host's memory carried at once (method.host_memory_rate),
+    the median over pinned_rate's rounds, or None."""
+    memories = [m for m in (method.host_memory_rate(r) for r in runs.get("pinned_rate", []) if r)
+                if m]
+    return method.summarize(memories)["median"] if memories else None
+
+
 def host_limit(weights: int, budget_bytes: int, h2d: float, d2h: float, runs,
                shared: bool = False, placements: Optional[dict] = None) -> Optional[dict]:
     """The third limit, the least any placement takes with this host
@@ -526,11 +541,9 @@ def host_limit(weights: int, budget_bytes: int, h2d: float, d2h: float, runs,
     weights' bf16 casts crossing: method.PLACEMENTS_BF16_CASTS). None
     where pinned_rate did not measure what it needs."""
     rate = host_rate(runs)
-    memories = [m for m in (method.host_memory_rate(r) for r in runs.get("pinned_rate", []) if r)
-                if m] if shared else []
-    if not rate or (shared and not memories):
+    memory = host_memory(runs) if shared else None
+    if not rate or (shared and not memory):
         return None
-    memory = method.summarize(memories)["median"] if shared else None
     found = method.least_step_s(weights, budget_bytes, h2d, d2h, 4 * rate,
                                 host_memory_bytes_per_s=memory, placements=placements)
     return {**found, "host_adamw_elements_per_s": rate,
@@ -653,10 +666,14 @@ def report(scenario, runs, rounds):
             own_host = host_limit(ok[-1]["weights_bytes"], budget(scenario, v), h, d, runs)
             own_on_gpu = link_limit(ok[-1]["weights_bytes"], ok[-1]["resident_weight_bytes"],
                                     h, d) if "resident_weight_bytes" in ok[-1] else None
+        own_shared = None
         if least and ok[-1].get("host_stepped_bytes"):     # its own placement, the host's part in
             h, d = least["h2d_gbps"] * 1e9, least["d2h_gbps"] * 1e9
-            own_on_gpu = link_limit(ok[-1]["weights_bytes"], ok[-1]["resident_weight_bytes"],
-                                    h, d, ok[-1]["host_stepped_bytes"], host_rate(runs))
+            placed = (ok[-1]["weights_bytes"], ok[-1]["resident_weight_bytes"], h, d,
+                      ok[-1]["host_stepped_bytes"], host_rate(runs))
+            own_on_gpu = link_limit(*placed)
+            if host_memory(runs):       # and its bytes through the host's memory
+                own_shared = link_limit(*placed, host_memory_bytes_per_s=host_memory(runs))
         x_least = secs["median"] / own_least["seconds"] if own_least and bounded else None
         x_on_gpu = secs["median"] / own_on_gpu["seconds"] if own_on_gpu and bounded else None
         x_host = secs["median"] / own_host["seconds"] if own_host and bounded else None
@@ -669,6 +686,7 @@ def report(scenario, runs, rounds):
                     "value": t, "s_per_step": secs, "x_link_limit": x_least,
                     "x_link_limit_with_step_on_gpu": x_on_gpu, "x_least_on_this_host": x_host,
                     "own_placement_limit": own_on_gpu,
+                    "own_placement_limit_memory_shared": own_shared,
                     "least_on_this_host_s": own_host["seconds"] if own_host else None,
                     "same_losses": check["same"],
                     "link_limit_s": own_least["seconds"] if own_least else None,
@@ -757,10 +775,15 @@ def main():
                 compared[f"({s}) {v}, s per step / {SHARED}"] = method.ratio(
                     metric(v), lim["shared_s"])
             own = table.get(v, {}).get("own_placement_limit")
+            own_shared = table.get(v, {}).get("own_placement_limit_memory_shared")
             if method.variant_host_step(v) and own:      # at the median rates
                 compared[f"({s}) {v}, s per step / its placement's limit (the host's step "
                          f"beside the link)"] = method.ratio(
                     metric(v), [own["seconds"]] * args.rounds, target=2.0)
+                if own_shared:
+                    compared[f"({s}) {v}, s per step / its placement's limit, the host's "
+                             f"memory shared"] = method.ratio(
+                        metric(v), [own_shared["seconds"]] * args.rounds)
             elif lim["on_gpu"]:
                 compared[f"({s}) {v}, s per step / link limit {ON_GPU} "
                          f"(torch_uvm's placement)"] = method.ratio(

@@ -466,3 +466,17 @@ def test_a_committed_run_is_reported_again_without_running(tmp_path, monkeypatch
     written = json.loads((tmp_path / "new" / "offload_train.json").read_text())
     assert written["runs"] == runs and written["tables"]["llama"]["least_on_this_host_bf16_casts"]
     assert "n=2" in out
+
+
+def test_a_host_step_placements_limit_counts_its_bytes_through_the_hosts_memory():
+    """offload_train.link_limit with the host's memory: the placement's
+    copies both ways and its host AdamW's 28 bytes a weight at that rate;
+    a memory fast enough for all leaves the link's and the host's limit."""
+    w, r, host, h = 12 * GiB, 5 * GiB, 6 * GiB, 55e9
+    alone = offload_train.link_limit(w, r, h, h, host, 5e9)
+    assert offload_train.link_limit(w, r, h, h, host, 5e9, host_memory_bytes_per_s=1e15)[
+        "seconds"] == pytest.approx(alone["seconds"])
+    shared = offload_train.link_limit(w, r, h, h, host, 5e9, host_memory_bytes_per_s=180e9)
+    through = alone["to_gpu_bytes"] + alone["home_bytes"] + 7 * host
+    assert shared["seconds"] == pytest.approx(through / 180e9)
+    assert shared["seconds"] > alone["seconds"]
