@@ -451,6 +451,20 @@ def _union_ms(intervals: List[tuple], lo: float, hi: float) -> float:
     return total / 1e3
 
 
+def _host_waits(events: List[dict]) -> Optional[List[tuple]]:
+    """The spans in which a thread that launches the GPU's kernels waited in
+    a runtime or driver call for the GPU (cudaEventSynchronize,
+    cudaStreamSynchronize, cudaDeviceSynchronize, their cu* forms), from
+    the trace's cuda_runtime and cuda_driver events; None where the trace
+    has none of those calls (then nothing can be said of the waits)."""
+    calls = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and "dur" in e]
+    if not calls:
+        return None
+    feeding = {(e.get("pid"), e.get("tid")) for e in calls if "LaunchKernel" in e.get("name", "")}
+    return [(e["ts"], e["ts"] + e["dur"]) for e in calls
+            if "Synchronize" in e.get("name", "") and (e.get("pid"), e.get("tid")) in feeding]
+
+
 def busy_times(events: List[dict]) -> dict:
     """Within the span of the GPU's events, and within each ``phase::<name>``
     range: its milliseconds, and how many of them some kernel ran, some copy
@@ -459,7 +473,12 @@ def busy_times(events: List[dict]) -> dict:
     rate while busy (GB/s). Each counted once however many ran at once: a
     phase whose kernels and copies overlap shows busy times adding up to
     more than its length, one that serialises them shows them adding up to
-    it."""
+    it. Where the trace has the runtime's calls: how long a thread that
+    launches kernels waited for the GPU (``host_waits_ms``), and how much of
+    the GPU's idle time fell in such a wait (``gpu_idle_in_host_waits_ms``:
+    the GPU had nothing to do because the thread that feeds it waited for
+    some other of its work, a copy or an event; the rest of its idle time
+    the host was busy elsewhere)."""
     kinds: Dict[str, List[tuple]] = {}
     moved = {"to_gpu": 0, "home": 0}
     for e in events:
@@ -476,6 +495,7 @@ def busy_times(events: List[dict]) -> dict:
     for e in events:
         if e.get("name", "").startswith("phase::") and "dur" in e:
             windows[e["name"][len("phase::"):]] = (e["ts"], e["ts"] + e["dur"])
+    waits = _host_waits(events)
     out = {}
     for name, (lo, hi) in windows.items():
         w = {"ms": (hi - lo) / 1e3, "gpu_idle_ms": (hi - lo) / 1e3 - _union_ms(gpu, lo, hi)}
@@ -484,6 +504,9 @@ def busy_times(events: List[dict]) -> dict:
         copies = kinds.get("to_gpu", []) + kinds.get("home", [])
         w["kernels_without_copies_ms"] = (_union_ms(kinds.get("kernels", []) + copies, lo, hi)
                                           - _union_ms(copies, lo, hi))
+        if waits is not None:
+            w["host_waits_ms"] = _union_ms(waits, lo, hi)
+            w["gpu_idle_in_host_waits_ms"] = _union_ms(gpu + waits, lo, hi) - _union_ms(gpu, lo, hi)
         out[name] = w
     for k, n in moved.items():
         busy = _union_ms(kinds.get(k, []), *windows["step"])
@@ -507,7 +530,10 @@ def describe_profile(name: str, p: dict) -> str:
             f"  {phase}: {w['ms']:.1f} ms; busy: kernels {w['kernels_ms']:.1f} (without a copy "
             f"beside them {w['kernels_without_copies_ms']:.1f}), to the GPU {w['to_gpu_ms']:.1f}, "
             f"home {w['home_ms']:.1f}, host step {w['host_step_ms']:.1f}; GPU idle "
-            f"{w['gpu_idle_ms']:.1f}")
+            f"{w['gpu_idle_ms']:.1f}"
+            + (f" ({w['gpu_idle_in_host_waits_ms']:.1f} of it while the thread feeding it "
+               f"waited for the GPU: {w['host_waits_ms']:.1f} ms of waits)"
+               if "host_waits_ms" in w else ""))
         for k in ("to_gpu", "home"):
             if w.get(f"{k}_gbps_while_busy"):
                 lines.append(f"    {k}: {w[f'{k}_gb']:.2f} GB at {w[f'{k}_gbps_while_busy']:.1f} "

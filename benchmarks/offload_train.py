@@ -4,6 +4,11 @@ the anchors, against the link's limit of the step.
     python benchmarks/offload_train.py [--rounds 2] [--only mlp,gpt2] [--out DIR]
     python benchmarks/offload_train.py --from DIR/offload_train.json --out DIR2
         (a run's table, ratios, JSON and plot again, with the limits as computed now)
+    OFFLOAD_PROFILE=DIR: one more step of each torch_uvm variant (and all
+        resident), profiled: where the GPU's time went in each phase, and how
+        much of its idle time the thread feeding it waited for it
+        (method.busy_times); OFFLOAD_PROFILE_CPU=1 records the host's
+        operators and torch_uvm's ranges too (slower launches)
 
 (t) mlp: 32 fp32 Linear(4096, 4096, bias=False) (2 GiB of weights; 8 GiB with
     gradients and AdamW's two moments), batch 256, AdamW, under a 1 GiB
@@ -431,9 +436,11 @@ def measure(scenario, variant):
             with torch_uvm.profile() as recorded["timeline"]:
                 one_step()
                 torch.cuda.synchronize()
-        # the host's operators not recorded: recording them slows the launches timed
+        # the host's operators not recorded: recording them slows the launches
+        # timed (OFFLOAD_PROFILE_CPU=1 records them, and torch_uvm's ranges)
         extra["profile"] = method.profiled(step_recorded if uvm else one_step, trace,
-                                           spans=spans, cpu_ops=False)
+                                           spans=spans,
+                                           cpu_ops=os.environ.get("OFFLOAD_PROFILE_CPU") == "1")
         if uvm:
             timeline, stem = recorded["timeline"], trace[:-len(".json")]
             timeline.export_chrome_trace(stem + "_with_residency.json", merge_with=trace)

@@ -170,6 +170,33 @@ def test_busy_times_counts_each_kind_once_and_splits_the_phases():
     assert method.busy_times([]) == {}
 
 
+def test_busy_times_says_how_much_of_the_gpus_idle_its_feeding_thread_waited():
+    """A thread that launches kernels and waits in a synchronize: the part
+    of its wait when the GPU had nothing to do is counted, the part beside
+    a kernel is not; another thread's waits (the host step's worker, which
+    launches no kernel) are not the feeding thread's; a trace without the
+    runtime's calls says nothing of waits."""
+    ev = [
+        {"cat": "kernel", "name": "k1", "ts": 0, "dur": 100},
+        {"cat": "kernel", "name": "k2", "ts": 300, "dur": 100},         # GPU idle 100-300
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0, "dur": 5, "pid": 1, "tid": 7},
+        {"cat": "cuda_runtime", "name": "cudaEventSynchronize", "ts": 50, "dur": 150,
+         "pid": 1, "tid": 7},                                           # 50-200: 100 of it idle
+        {"cat": "cuda_runtime", "name": "cudaEventSynchronize", "ts": 200, "dur": 100,
+         "pid": 1, "tid": 9},                                           # the worker's: not counted
+        {"cat": "user_annotation", "name": "phase::backward", "ts": 0, "dur": 400},
+    ]
+    b = method.busy_times(ev)["backward"]
+    ms = pytest.approx
+    assert b["gpu_idle_ms"] == ms(0.2)
+    assert b["host_waits_ms"] == ms(0.15) and b["gpu_idle_in_host_waits_ms"] == ms(0.1)
+    assert "host_waits_ms" not in method.busy_times(
+        [e for e in ev if e["cat"] != "cuda_runtime"])["backward"]
+    assert "while the thread feeding it waited" in method.describe_profile(
+        "x", {"gpu_span_ms": 0.4, "streams": {}, "torch_uvm": {}, "trace": "t",
+              "busy": method.busy_times(ev)})
+
+
 def test_torch_uvm_ranges_count_the_host_apart_from_the_stream():
     """A torch_uvm range given a stream is in a trace twice: on the host
     (its calls) and on the GPU (its copies). The host's time is the host's
