@@ -477,8 +477,9 @@ def busy_times(events: List[dict]) -> dict:
     launches kernels waited for the GPU (``host_waits_ms``), and how much of
     the GPU's idle time fell in such a wait (``gpu_idle_in_host_waits_ms``:
     the GPU had nothing to do because the thread that feeds it waited for
-    some other of its work, a copy or an event; the rest of its idle time
-    the host was busy elsewhere)."""
+    some other of its work, a copy or an event; in the rest, that thread
+    ran, or waited outside the runtime: a lock, a host step's future).
+    Threads are told apart by the trace's pid and tid."""
     kinds: Dict[str, List[tuple]] = {}
     moved = {"to_gpu": 0, "home": 0}
     for e in events:
@@ -667,14 +668,18 @@ ADAMW_HOST_MEMORY = 7
 # gradients (whose fp32 upcasts are the gradients autocast gives the fp32
 # weights: one backward a step): half the bytes of every weight and
 # gradient crossing for a host step. A GPU step still needs the fp32
-# weight and moments. A host step there also casts the stepped weight (4
+# weight and moments: a streamed one's forward takes the cast (0.5), its
+# backward the fp32 weight (1, cast on the GPU) and the moments (2).
+# Autocast leaves some weights uncast (an embedding's, a norm's: about 3%
+# of a Llama's), so the least this gives is a little below what a model
+# can take. A host step there also casts the stepped weight (4
 # bytes read, 2 written) and upcasts its gradient (2 read, 4 written), in
 # passes of their own (PyTorch's fused AdamW does not cast): 12 more bytes
 # of the host's memory a weight, beside AdamW's 28 (the fifth column). torch_uvm does not place weights so (yet): least_step_s(...,
 # PLACEMENTS_BF16_CASTS) says what it would leave.
 PLACEMENTS_BF16_CASTS = {
     "streamed casts, host step": (1, 0.5, 1, 0, ADAMW_HOST_MEMORY + 3),
-    "streamed, GPU step": (4, 3, 0, 0),
+    "streamed, GPU step": (3.5, 3, 0, 0),
     "resident cast, host step": (0.5, 0.5, 1, 0.5, ADAMW_HOST_MEMORY + 3),
     "resident, GPU step": (2, 2, 0, 1),
     "resident with moments": (0, 0, 0, 3),

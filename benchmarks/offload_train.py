@@ -582,9 +582,10 @@ def limits(scenario, runs, rounds):
             if out[key]:
                 out[f"{key}_s"] = [host_limit(w, limit_budget, h, d, runs, shared)["seconds"]
                                    for h, d in zip(h2ds, d2hs)]
-            # (beside them, not a ratio: a placement torch_uvm does not take)
-            out["casts_shared" if shared else "casts"] = host_limit(
-                w, limit_budget, h2d, d2h, runs, shared, method.PLACEMENTS_BF16_CASTS)
+            if scenario == "llama":   # (bf16 autocast; beside them, not a ratio: a
+                # placement torch_uvm does not take)
+                out["casts_shared" if shared else "casts"] = host_limit(
+                    w, limit_budget, h2d, d2h, runs, shared, method.PLACEMENTS_BF16_CASTS)
     if uvm_run:
         w, r = uvm_run["weights_bytes"], uvm_run["resident_weight_bytes"]
         out["on_gpu"] = link_limit(w, r, h2d, d2h)
@@ -635,9 +636,9 @@ def report(scenario, runs, rounds):
     if lim["casts"]:
         def placing(found):
             return ", ".join(f"{n} {b / GiB:.2f} GiB" for n, b in found["mix_bytes"].items())
-        print(f"{CASTS} (the third and fourth, the weights' bf16 casts and their "
-              f"gradients crossing in place of fp32 weights and gradients: what autocast "
-              f"computes with; a placement torch_uvm does not take): "
+        print(f"{CASTS} (the third{' and fourth' if lim['casts_shared'] else ''}, the "
+              f"weights' bf16 casts and their gradients crossing in place of fp32 weights and "
+              f"gradients: what autocast computes with; a placement torch_uvm does not take): "
               f"{lim['casts']['seconds']:.3f} s (placing {placing(lim['casts'])})"
               + (f"; {lim['casts_shared']['seconds']:.3f} s with its memory shared (placing "
                  f"{placing(lim['casts_shared'])})" if lim["casts_shared"] else ""))
@@ -731,19 +732,32 @@ def report(scenario, runs, rounds):
 
 def main():
     ap = method.driver_args(argparse.ArgumentParser(), rounds=2, only="mlp,gpt2")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--out", default=None,
+                    help="where the JSON and plot go (default benchmarks/results; with "
+                         "--from, required)")
     ap.add_argument("--from", dest="source", metavar="JSON",
                     help="report the runs of an offload_train.json again (the limits as "
-                         "this file computes them now), running nothing")
+                         "this file computes them now), running nothing; --only, --variants "
+                         "and --rounds do not apply: the file's runs are reported")
     args = ap.parse_args()
     if args.variant:
         print("RESULT " + json.dumps(run(args.scenario, args.variant)), flush=True)
         return
+    machine = None
     if args.source:
+        if args.out is None:
+            ap.error("--from JSON needs --out DIR (the results folder is for runs)")
         with open(args.source) as f:
-            runs = json.load(f)["runs"]
-        scenarios = list(runs)
+            source = json.load(f)
+        runs = source.get("runs") or {}
+        scenarios = [s for s in runs if runs[s]]
+        unknown = [s for s in scenarios if s not in SCENARIOS]
+        if not scenarios or unknown:
+            ap.error(f"{args.source} holds no offload_train runs to report"
+                     + (f" (unknown scenarios {unknown})" if unknown else ""))
         args.rounds = max(len(rs) for s in scenarios for rs in runs[s].values())
+        machine = {**source.get("machine", {}), "reported_again_from": args.source,
+                   "reported_again_on": time.strftime("%Y-%m-%d")}
     else:
         scenarios = method.chosen(PLAN, args.only, args.variants)
         runs = method.scenario_runs(os.path.abspath(__file__), PLAN, scenarios, args.rounds,
@@ -779,7 +793,7 @@ def main():
                 compared[f"({s}) {v}, s per step / {HOST}"] = method.ratio(
                     metric(v), lim["host_s"], target=1.5 if s == "llama" else None)
             if lim["shared"]:
-                compared[f"({s}) {v}, s per step / {SHARED}"] = method.ratio(
+                compared[f"({s}) {v}, s per step / {SHARED} (an estimate)"] = method.ratio(
                     metric(v), lim["shared_s"])
             own = table.get(v, {}).get("own_placement_limit")
             own_shared = table.get(v, {}).get("own_placement_limit_memory_shared")
@@ -789,7 +803,7 @@ def main():
                     metric(v), [own["seconds"]] * args.rounds, target=2.0)
                 if own_shared:
                     compared[f"({s}) {v}, s per step / its placement's limit, the host's "
-                             f"memory shared"] = method.ratio(
+                             f"memory shared (an estimate)"] = method.ratio(
                         metric(v), [own_shared["seconds"]] * args.rounds)
             elif lim["on_gpu"]:
                 compared[f"({s}) {v}, s per step / link limit {ON_GPU} "
@@ -801,9 +815,11 @@ def main():
             compared["(mlp) torch_uvm_in_backward, s per step (target 0.3)"] = method.ratio(
                 metric("torch_uvm_in_backward"), [1.0] * args.rounds, target=0.3)
     method.print_comparisons(compared)
-    os.makedirs(args.out, exist_ok=True)
-    method.write(os.path.join(args.out, "offload_train.json"), compared, runs=runs, tables=tables)
-    plot(tables, os.path.join(args.out, "offload_train.png"))
+    out = args.out or os.path.join(os.path.dirname(__file__), "results")
+    os.makedirs(out, exist_ok=True)
+    method.write(os.path.join(out, "offload_train.json"), compared, runs=runs, tables=tables,
+                 **({"machine": machine} if machine else {}))
+    plot(tables, os.path.join(out, "offload_train.png"))
 
 
 def plot(tables, path):

@@ -431,8 +431,20 @@ def test_the_least_were_bf16_casts_to_cross_moves_half_of_what_a_host_step_moves
     free = method.least_step_s(w, 0, h, h, 1e18, placements=method.PLACEMENTS_BF16_CASTS)
     assert free["seconds"] == pytest.approx(w / h, rel=1e-6)
     assert method.least_step_s(w, 0, h, h, 1e18)["seconds"] == pytest.approx(2 * w / h, rel=1e-6)
-    assert method.PLACEMENTS_BF16_CASTS["streamed, GPU step"] == \
-        method.PLACEMENTS["streamed, GPU step"]
+    # one placement at a time, against the bytes by hand: a streamed
+    # weight's casts twice in, its bf16 gradient home; 40 bytes of the
+    # host's memory a 4-byte weight (AdamW's 28, the cast and the upcast's 12)
+    n, memory = w / 4, 100e9
+    one = lambda name, budget=0: method.least_step_s(   # noqa: E731
+        w, budget, h, h, 4 * 4.5e9, host_memory_bytes_per_s=memory,
+        placements={name: method.PLACEMENTS_BF16_CASTS[name]})["seconds"]
+    assert one("streamed casts, host step") == pytest.approx(
+        max(2 * 2 * n / h, 2 * n / h, n / 4.5e9, (6 * n + 40 * n) / memory))
+    assert one("resident cast, host step", budget=w) == pytest.approx(
+        max(2 * n / h, n / 4.5e9, (4 * n + 40 * n) / memory))
+    # a GPU step: the forward's cast, the backward's fp32 weight, the moments
+    assert one("streamed, GPU step") == pytest.approx(
+        max((2 + 4 + 8) * n / h, (4 + 8) * n / h, (14 + 12) * n / memory))
 
 
 def test_the_training_report_prints_the_least_were_bf16_casts_to_cross(capsys):
@@ -446,6 +458,9 @@ def test_the_training_report_prints_the_least_were_bf16_casts_to_cross(capsys):
     assert lim["casts"]["seconds"] < lim["host"]["seconds"]
     assert f"{offload_train.CASTS} (the third and fourth" in out
     assert f"{want['seconds']:.3f} s (placing " in out
+    # the MLP and GPT-2 train in fp32, without autocast: no casts to cross
+    assert offload_train.report("mlp", runs, 1)[1]["casts"] is None
+    assert offload_train.CASTS not in capsys.readouterr().out
 
 
 def test_a_committed_run_is_reported_again_without_running(tmp_path, monkeypatch, capsys):
@@ -454,7 +469,7 @@ def test_a_committed_run_is_reported_again_without_running(tmp_path, monkeypatch
     runs (a spawned variant would fail here)."""
     runs = {"llama": llama_runs_with_shared_rates("torch_uvm_in_backward_host1", rounds=2)}
     source = tmp_path / "old.json"
-    source.write_text(json.dumps({"machine": {}, "comparisons": {}, "runs": runs}))
+    source.write_text(json.dumps({"machine": {"gpu": "H100"}, "comparisons": {}, "runs": runs}))
     monkeypatch.setattr(offload_train.method, "scenario_runs",
                         lambda *a, **k: pytest.fail("--from ran a variant"))
     monkeypatch.setattr(sys, "argv", ["offload_train.py", "--from", str(source),
@@ -466,6 +481,17 @@ def test_a_committed_run_is_reported_again_without_running(tmp_path, monkeypatch
     written = json.loads((tmp_path / "new" / "offload_train.json").read_text())
     assert written["runs"] == runs and written["tables"]["llama"]["least_on_this_host_bf16_casts"]
     assert "n=2" in out
+    # the machine that ran them, not the one reporting; never into the results folder
+    assert written["machine"]["gpu"] == "H100"
+    assert written["machine"]["reported_again_from"] == str(source)
+    for argv, says in ((["--from", str(source)], "needs --out"),
+                       (["--from", str(tmp_path / "empty.json"), "--out", str(tmp_path)],
+                        "holds no offload_train runs")):
+        (tmp_path / "empty.json").write_text(json.dumps({"runs": {"llama": {}}}))
+        monkeypatch.setattr(sys, "argv", ["offload_train.py", *argv])
+        with pytest.raises(SystemExit):
+            offload_train.main()
+        assert says in capsys.readouterr().err
 
 
 def test_a_host_step_placements_limit_counts_its_bytes_through_the_hosts_memory():
