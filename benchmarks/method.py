@@ -647,21 +647,21 @@ def _best_step_rate(optimizer, elements: int, tries: int = 3) -> float:
     return best
 
 
-# Per byte of fp32 weights: (to the GPU, home, stepped on the host, budget)
-# for each way a full fine-tune can place it (least_step_s).
-PLACEMENTS = {
-    "streamed, host step": (2, 1, 1, 0),        # in for forward and backward; gradient home
-    "streamed, GPU step": (4, 3, 0, 0),         # and AdamW's two moments both ways
-    "resident, host step": (1, 1, 1, 1),        # gradient home, stepped weight back
-    "resident, GPU step": (2, 2, 0, 1),         # its moments both ways
-    "resident with moments": (0, 0, 0, 3),      # nothing crosses
-}
-
-
 # A fused AdamW step reads each fp32 weight's value, gradient and two
 # moments and writes the value and the moments: 28 bytes of the host's
 # memory per 4-byte weight stepped there.
 ADAMW_HOST_MEMORY = 7
+
+# Per byte of fp32 weights: (to the GPU, home, stepped on the host, budget,
+# the host's memory a byte it steps takes) for each way a full fine-tune can
+# place it (least_step_s).
+PLACEMENTS = {
+    "streamed, host step": (2, 1, 1, 0, ADAMW_HOST_MEMORY),   # in for both passes, gradient home
+    "streamed, GPU step": (4, 3, 0, 0, 0),      # and AdamW's two moments both ways
+    "resident, host step": (1, 1, 1, 1, ADAMW_HOST_MEMORY),   # gradient home, stepped weight back
+    "resident, GPU step": (2, 2, 0, 1, 0),      # its moments both ways
+    "resident with moments": (0, 0, 0, 3, 0),   # nothing crosses
+}
 
 # The same, where what crosses for compute under bf16 autocast is the
 # weights' bf16 casts (the values autocast makes on the GPU) and their bf16
@@ -672,17 +672,18 @@ ADAMW_HOST_MEMORY = 7
 # backward the fp32 weight (1, cast on the GPU) and the moments (2).
 # Autocast leaves some weights uncast (an embedding's, a norm's: about 3%
 # of a Llama's), so the least this gives is a little below what a model
-# can take. A host step there also casts the stepped weight (4
-# bytes read, 2 written) and upcasts its gradient (2 read, 4 written), in
-# passes of their own (PyTorch's fused AdamW does not cast): 12 more bytes
-# of the host's memory a weight, beside AdamW's 28 (the fifth column). torch_uvm does not place weights so (yet): least_step_s(...,
-# PLACEMENTS_BF16_CASTS) says what it would leave.
+# can take. A host step there also casts the stepped weight (4 bytes read,
+# 2 written) and upcasts its gradient (2 read, 4 written), in passes of
+# their own (PyTorch's fused AdamW does not cast): 12 more bytes of the
+# host's memory a weight, beside AdamW's 28. torch_uvm does not place
+# weights so (yet): least_step_s(..., PLACEMENTS_BF16_CASTS) says what it
+# would leave.
 PLACEMENTS_BF16_CASTS = {
     "streamed casts, host step": (1, 0.5, 1, 0, ADAMW_HOST_MEMORY + 3),
-    "streamed, GPU step": (3.5, 3, 0, 0),
+    "streamed, GPU step": (3.5, 3, 0, 0, 0),
     "resident cast, host step": (0.5, 0.5, 1, 0.5, ADAMW_HOST_MEMORY + 3),
-    "resident, GPU step": (2, 2, 0, 1),
-    "resident with moments": (0, 0, 0, 3),
+    "resident, GPU step": (2, 2, 0, 1, 0),
+    "resident with moments": (0, 0, 0, 3, 0),
 }
 
 
@@ -728,7 +729,7 @@ def least_step_s(weights: int, budget: int, h2d: float, d2h: float,
     was seen to carry, which a placement might exceed. `placements`: the
     ways a weight may be placed (PLACEMENTS; PLACEMENTS_BF16_CASTS where
     the weights' bf16 casts cross), each (to the GPU, home, stepped on the
-    host, budget[, the host's memory a weight byte the host steps])."""
+    host, budget, the host's memory a weight byte the host steps takes)."""
     from scipy.optimize import linprog
     placements = placements or PLACEMENTS
     names = list(placements)
@@ -742,8 +743,8 @@ def least_step_s(weights: int, budget: int, h2d: float, d2h: float,
             [float(col[3]) for col in cols] + [0.0]]
     b_ub = [0.0, 0.0, 0.0, budget / g]
     if host_memory_bytes_per_s:
-        a_ub.append([(col[0] + col[1] + (col[4] if len(col) > 4 else ADAMW_HOST_MEMORY) * col[2])
-                     * g / host_memory_bytes_per_s for col in cols] + [-1.0])
+        a_ub.append([(col[0] + col[1] + col[4] * col[2]) * g / host_memory_bytes_per_s
+                     for col in cols] + [-1.0])
         b_ub.append(0.0)
     a_eq, b_eq = [[1.0] * len(cols) + [0.0]], [weights / g]
     bounds = [(0, None)] * len(cols) + [(compute_s, None)]

@@ -680,8 +680,9 @@ def report(scenario, runs, rounds):
             placed = (ok[-1]["weights_bytes"], ok[-1]["resident_weight_bytes"], h, d,
                       ok[-1]["host_stepped_bytes"], host_rate(runs))
             own_on_gpu = link_limit(*placed)
-            if host_memory(runs):       # and its bytes through the host's memory
-                own_shared = link_limit(*placed, host_memory_bytes_per_s=host_memory(runs))
+            memory = host_memory(runs)
+            if memory:                  # and its bytes through the host's memory
+                own_shared = link_limit(*placed, host_memory_bytes_per_s=memory)
         x_least = secs["median"] / own_least["seconds"] if own_least and bounded else None
         x_on_gpu = secs["median"] / own_on_gpu["seconds"] if own_on_gpu and bounded else None
         x_host = secs["median"] / own_host["seconds"] if own_host and bounded else None
