@@ -30,9 +30,10 @@ the anchors, against the link's limit of the step.
     host_step=S: the last S of the streamed layers step on the host with
     PyTorch's fused CPU AdamW, as the third limit's placement does; with
     _nonblocking, optimizer.step() returns before the host's steps end and
-    each layer's next forward waits for its own; with _copies<N>, the
-    backward lets N layers' gradient copies home be under way before it
-    waits, not the default host_step.COPIES_AHEAD) and
+    each layer's next forward waits for its own; with _copies<P>pct, the
+    backward lets gradients of P% of the budget be copying home before it
+    waits, not the default host_step.COPIES_AHEAD_SHARE; with _threads<N>,
+    the host steps on N threads, TORCH_UVM_HOST_STEP_THREADS) and
     torchtune_single_device, the memory savers users
     pick instead, rebuilt as torchtune's single-device recipe uses them
     (bf16 weights on the GPU, bitsandbytes' paged 8-bit AdamW stepped in
@@ -129,10 +130,10 @@ PLAN = {
               "fsdp2_cpu_offload", "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory",
               "torch_uvm_in_backward_3GiB", "torch_uvm_in_backward_4GiB",
               "torch_uvm_in_backward_host1_4GiB", "torch_uvm_in_backward_host1_nonblocking_4GiB",
-              "torch_uvm_in_backward_host1_nonblocking_copies2",
-              "torch_uvm_in_backward_host1_nonblocking_copies4",
-              "torch_uvm_in_backward_host1_nonblocking_copies8",
-              "torch_uvm_in_backward_host1_nonblocking_copies16",
+              "torch_uvm_in_backward_host1_nonblocking_copies1pct",
+              "torch_uvm_in_backward_host1_nonblocking_copies25pct",
+              "torch_uvm_in_backward_host1_nonblocking_threads8",
+              "torch_uvm_in_backward_host1_nonblocking_threads10",
               "torchtune_single_device"],
 }
 # A variant named <variant>_<N>GiB runs under N GiB instead of the scenario's
@@ -339,9 +340,12 @@ def measure(scenario, variant):
         model.cuda()
         optimizer = torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True)
     elif uvm:
-        copies = re.search(r"_copies(\d+)(?:_|$)", variant)
-        if copies:   # host_step.COPIES_AHEAD: the backward's gradient copies home in flight
-            torch_uvm.host_step.COPIES_AHEAD = int(copies.group(1))
+        copies = re.search(r"_copies(\d+(?:\.\d+)?)pct(?:_|$)", variant)
+        if copies:   # host_step.COPIES_AHEAD_SHARE: the gradients copying home in backward
+            torch_uvm.host_step.COPIES_AHEAD_SHARE = float(copies.group(1)) / 100
+        threads = re.search(r"_threads(\d+)(?:_|$)", variant)
+        if threads:  # the host step's threads (read at its first step)
+            os.environ[torch_uvm.host_step.THREADS_VARIABLE] = threads.group(1)
         handle = torch_uvm.offload(model, budget=budget(scenario, variant), device="cuda")
         optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True),
                                             step_in_backward="in_backward" in variant,

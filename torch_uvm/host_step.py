@@ -97,15 +97,17 @@ def check_non_blocking(non_blocking, host_step: float, offloads: Optional[bool] 
 
 
 THREADS_VARIABLE = "TORCH_UVM_HOST_STEP_THREADS"
-# In backward, how many submodules' gradient copies home may be under way
-# before the next waits (HostSteps._copy_under_way): a bound on the
-# gradients PyTorch's allocator holds, beside the budget, for copies not
-# yet passed. With 16 the 3B full fine-tune under 8 GiB (H100, 2026-11-27)
-# stepped 7% faster in three of four paired rounds, its peak GPU memory
-# unchanged (benchmarks/results/2026-11-27-h100, offload_train-llama-copies-*);
-# it stays 2 until a bound in bytes is measured where the backward sets
-# the peak (up to 16 submodules' gradients could wait there).
-COPIES_AHEAD = 2
+# In backward, the gradients whose copies home may be under way before the
+# backward's thread waits for the oldest (HostSteps._copy_under_way), as a
+# share of the offload's budget (and one submodule's, whatever its size):
+# they sit in PyTorch's memory, beside the budget, until their copies pass,
+# so the process holds at most this share more than the budget for them.
+# An eighth lets the 3B full fine-tune under 8 GiB keep about 22 of its
+# 45 MiB submodules' copies in flight (16 stepped it 7% faster than 2 in
+# three of four paired rounds on an H100, 2026-11-27, its peak unchanged:
+# benchmarks/results/2026-11-27-h100, offload_train-llama-copies-*), and
+# leaves the MLP's 64 MiB and GPT-2's 200 MiB submodules about two.
+COPIES_AHEAD_SHARE = 1 / 8
 
 
 def threads() -> int:
@@ -203,6 +205,7 @@ class HostSteps:
         self._lock = threading.Lock()
         self._executor = None                   # the executor whose homes they write
         self._copies: collections.deque = collections.deque()  # gradients' copies home in backward
+        self._copy_bytes = 0                    # and their gradients' bytes
         self._home_stream = self._side = None   # the executor's, and one for the worker's reads
         self._threads = 0               # threads(), read at the first step
         # what the host's steps took, and the caller's waits for them (stats())
@@ -252,7 +255,8 @@ class HostSteps:
         ready[0].record(self._home_stream)
         ready[1].record(torch.cuda.current_stream(self.device))
         if in_backward:
-            self._copy_under_way(ready[0])
+            self._copy_under_way(ready[0], sum(p.grad.nbytes for p in params),
+                                 int(COPIES_AHEAD_SHARE * handle.budget))
         if self._worker is None:
             self._threads = threads()
             self._worker = concurrent.futures.ThreadPoolExecutor(
@@ -276,18 +280,30 @@ class HostSteps:
                     p.grad = None
         return True
 
-    def _copy_under_way(self, copied) -> None:
+    def _copy_under_way(self, copied, nbytes: int, limit: int) -> None:
         """In backward the compute stream does not wait for the gradients'
-        copies home (`copied`: an event after one), and the host queues
-        kernels far ahead of the GPU: the memory of gradients whose copies
-        are under way is reused only once they pass, so PyTorch's allocator
-        would reserve more the further it runs ahead. It runs at most
-        COPIES_AHEAD copies ahead: beyond, it waits for the oldest."""
-        self._copies.append(copied)
+        copies home (`copied`: an event after one of `nbytes`), and the host
+        queues kernels far ahead of the GPU: the memory of gradients whose
+        copies are under way is reused only once they pass, so PyTorch's
+        allocator would reserve more the further it runs ahead. Beyond
+        `limit` bytes under way (COPIES_AHEAD_SHARE of the budget), it waits
+        for the oldest, down to the newest alone."""
+        self._copies.append((copied, nbytes))
+        self._copy_bytes += nbytes
         start = time.perf_counter()
-        while len(self._copies) > COPIES_AHEAD:
-            self._copies.popleft().synchronize()
+        while self._copy_bytes > limit and len(self._copies) > 1:
+            event, done = self._copies.popleft()
+            event.synchronize()
+            self._copy_bytes -= done
         self._stepped["copy_wait_seconds"] += time.perf_counter() - start
+
+    def _forget_copies(self) -> None:
+        """A step ends the backward's count: the next backward counts anew.
+        (Its copies have passed: a step waited for them, or, non-blocking,
+        each submodule's next forward waits for its own step, and so for its
+        copy, before the next backward.)"""
+        self._copies.clear()
+        self._copy_bytes = 0
 
     def _next(self) -> _Queued:
         """Of the steps not begun, the one whose submodule runs first in the
@@ -353,7 +369,7 @@ class HostSteps:
 
     def wait(self) -> None:
         """Every step queued is done."""
-        self._copies.clear()
+        self._forget_copies()
         self._finish(list(self._pending))
 
     def wait_unit(self, index: int) -> None:
@@ -380,7 +396,7 @@ class HostSteps:
         """optimizer.step() returns: every host step is done, or, with
         `non_blocking`, those found done by now are waited for."""
         if self.non_blocking:
-            self._copies.clear()
+            self._forget_copies()
             self.settle()
         else:
             self.wait()
@@ -390,7 +406,7 @@ class HostSteps:
         its steps took (the fused kernels, once their gradients were home),
         the seconds callers waited for them (optimizer.step(), a forward,
         undo): what the host's step added to the GPU's, and the seconds the
-        backward waited for gradients' copies home (COPIES_AHEAD)."""
+        backward waited for gradients' copies home (COPIES_AHEAD_SHARE)."""
         return dict(self._stepped)
 
     def spans(self) -> List[tuple]:

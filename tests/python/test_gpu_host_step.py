@@ -117,6 +117,30 @@ def test_a_host_step_waits_for_its_gradients_copy_home(uvm, in_backward):
     against_reference(uvm, build, 1.0, in_backward, data(3))
 
 
+def test_the_backward_bounds_the_gradients_copying_home_by_a_share_of_the_budget(
+        uvm, monkeypatch):
+    """Each host-stepped submodule's gradients, once their copy home is
+    queued in backward, count against COPIES_AHEAD_SHARE of the budget."""
+    from torch_uvm import host_step
+    model = make_model(layers=8, width=1024)
+    handle = uvm.offload(model, budget=24 * MiB)
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters()),
+                                        step_in_backward=True, host_step=1.0)
+    seen, real = [], host_step.HostSteps._copy_under_way
+
+    def counted(self, copied, nbytes, limit):
+        seen.append((nbytes, limit))
+        real(self, copied, nbytes, limit)
+        assert self._copy_bytes <= max(limit, nbytes)
+    monkeypatch.setattr(host_step.HostSteps, "_copy_under_way", counted)
+    train(model, optimizer, data(3))
+    on_host = handle.host_stepped_units()
+    per_unit = sum(p.nbytes for p in on_host[0].trainable)
+    # (the units are alike; a step learns the plan first: at least one backward's)
+    assert len(seen) >= len(on_host) > 0
+    assert set(seen) == {(per_unit, 24 * MiB // 8)}
+
+
 @in_backward
 def test_step_returns_with_every_host_step_done(uvm, in_backward, monkeypatch):
     """As torch.optim promises: after optimizer.step() the weights are

@@ -166,15 +166,21 @@ class _Event:
         self.waited = self.passed = True
 
 
-def test_the_backward_waits_for_the_oldest_copy_beyond_copies_ahead():
+def test_the_backward_waits_for_the_oldest_copies_beyond_their_bytes_ahead():
     steps = host_step.HostSteps(torch.device("cuda", 0))
-    copies = [_Event(False) for _ in range(host_step.COPIES_AHEAD + 3)]
-    for event in copies:
-        steps._copy_under_way(event)
-    assert [e.waited for e in copies] == [True] * 3 + [False] * host_step.COPIES_AHEAD
+    sizes = [30, 30, 30, 50, 10, 5]
+    copies = [_Event(False) for _ in sizes]
+    for event, nbytes in zip(copies, sizes):
+        steps._copy_under_way(event, nbytes, 100)
+    # 90 under way, then 140 > 100: the oldest two go (80 left); then 90, 95
+    assert [e.waited for e in copies] == [True, True, False, False, False, False]
+    assert steps._copy_bytes == 95
     assert steps.stats()["copy_wait_seconds"] > 0
-    steps.end_step()                        # a step forgets them: the next backward waits anew
-    assert not steps._copies
+    big = _Event(False)
+    steps._copy_under_way(big, 1000, 100)   # one beyond the limit alone: waits for the rest
+    assert all(e.waited for e in copies) and not big.waited
+    steps.end_step()                        # a step forgets them: the next backward counts anew
+    assert not steps._copies and steps._copy_bytes == 0
 
 
 def test_the_worker_takes_the_step_whose_gradients_are_home_that_the_forward_needs_first():
