@@ -32,7 +32,7 @@ the anchors, against the link's limit of the step.
     _nonblocking, optimizer.step() returns before the host's steps end and
     each layer's next forward waits for its own; with _copies<P>pct, the
     backward lets gradients of P% of the budget be copying home before it
-    waits, not the default host_step.COPIES_AHEAD_SHARE; with _threads<N>,
+    waits (TORCH_UVM_HOST_STEP_COPIES), not the default an eighth; with _threads<N>,
     the host steps on N threads, TORCH_UVM_HOST_STEP_THREADS) and
     torchtune_single_device, the memory savers users
     pick instead, rebuilt as torchtune's single-device recipe uses them
@@ -121,7 +121,9 @@ PLAN = {
             "torchao_cpu_offload", "bnb_paged_adamw", "deepspeed_zero_offload",
             "deepspeed_zero2_offload_more_memory"],
     "gpt2": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload",
-             "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory"],
+             "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory",
+             "torch_uvm_in_backward_host1_nonblocking",
+             "torch_uvm_in_backward_host1_nonblocking_copies1pct"],
     "llama": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward",
               "torch_uvm_in_backward_host1", "torch_uvm_in_backward_host1_nonblocking",
               "torch_uvm_host1", "torch_uvm_host1_nonblocking",
@@ -341,8 +343,8 @@ def measure(scenario, variant):
         optimizer = torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True)
     elif uvm:
         copies = re.search(r"_copies(\d+(?:\.\d+)?)pct(?:_|$)", variant)
-        if copies:   # host_step.COPIES_AHEAD_SHARE: the gradients copying home in backward
-            torch_uvm.host_step.COPIES_AHEAD_SHARE = float(copies.group(1)) / 100
+        if copies:   # the gradients copying home in backward, a share of the budget
+            os.environ[torch_uvm.host_step.COPIES_VARIABLE] = str(float(copies.group(1)) / 100)
         threads = re.search(r"_threads(\d+)(?:_|$)", variant)
         if threads:  # the host step's threads (read at its first step)
             os.environ[torch_uvm.host_step.THREADS_VARIABLE] = threads.group(1)

@@ -63,6 +63,7 @@ def check(optimizer: torch.optim.Optimizer, host_step) -> float:
     if host_step == 0:
         return 0.0
     threads()                       # a bad TORCH_UVM_HOST_STEP_THREADS is refused now
+    copies_share()                  # and a bad TORCH_UVM_HOST_STEP_COPIES
     # (torch.optim wraps each class's step when its first instance is made:
     # compared unwrapped, a subclass that only inherits it is Adam's own)
     if inspect.unwrap(type(optimizer).step) not in (inspect.unwrap(torch.optim.Adam.step),
@@ -97,16 +98,19 @@ def check_non_blocking(non_blocking, host_step: float, offloads: Optional[bool] 
 
 
 THREADS_VARIABLE = "TORCH_UVM_HOST_STEP_THREADS"
+COPIES_VARIABLE = "TORCH_UVM_HOST_STEP_COPIES"
 # In backward, the gradients whose copies home may be under way before the
 # backward's thread waits for the oldest (HostSteps._copy_under_way), as a
-# share of the offload's budget (and one submodule's, whatever its size):
-# they sit in PyTorch's memory, beside the budget, until their copies pass,
-# so the process holds at most this share more than the budget for them.
-# An eighth lets the 3B full fine-tune under 8 GiB keep about 22 of its
-# 45 MiB submodules' copies in flight (16 stepped it 7% faster than 2 in
-# three of four paired rounds on an H100, 2026-11-27, its peak unchanged:
-# benchmarks/results/2026-11-27-h100, offload_train-llama-copies-*), and
-# leaves the MLP's 64 MiB and GPT-2's 200 MiB submodules about two.
+# share of the offload's budget (and one submodule's, whatever its size);
+# TORCH_UVM_HOST_STEP_COPIES sets another (copies_share()). They sit in
+# PyTorch's memory, beside the budget, until their copies pass, so the
+# process holds at most this share more than the budget for them. The
+# further the backward runs ahead, the more its copies bunch beside the
+# host's AdamW, in the host's memory: on an H100 host (2026-11-27,
+# benchmarks/results/2026-11-27-h100, offload_train-*-copies-share*) an
+# eighth, against 1% (one submodule), stepped the 3B full fine-tune under
+# 8 GiB 1.05-1.12x faster and GPT-2 (1.2B, 4 GiB), where the host's AdamW
+# is most of the step, 0.84x; neither's peak GPU memory moved.
 COPIES_AHEAD_SHARE = 1 / 8
 
 
@@ -126,6 +130,25 @@ def threads() -> int:
         raise ValueError(f"torch_uvm: {THREADS_VARIABLE} is the number of threads a host step "
                          f"runs on, a whole number of at least 1; got {text!r}")
     return n
+
+
+def copies_share() -> float:
+    """The share of the budget the gradients copying home in backward may
+    take before the backward waits (COPIES_AHEAD_SHARE):
+    TORCH_UVM_HOST_STEP_COPIES, a number from 0 (one submodule's at a
+    time) to 1, else COPIES_AHEAD_SHARE."""
+    text = os.environ.get(COPIES_VARIABLE, "").strip()
+    if not text:
+        return COPIES_AHEAD_SHARE
+    try:
+        share = float(text)
+    except ValueError:
+        share = math.nan
+    if not (math.isfinite(share) and 0 <= share <= 1):
+        raise ValueError(f"torch_uvm: {COPIES_VARIABLE} is the share of the budget that "
+                         f"gradients copying home in backward may take before it waits, a "
+                         f"number from 0 (one submodule's at a time) to 1; got {text!r}")
+    return share
 
 
 def choose(handle: "Offloaded") -> List["_Unit"]:
@@ -206,6 +229,7 @@ class HostSteps:
         self._executor = None                   # the executor whose homes they write
         self._copies: collections.deque = collections.deque()  # gradients' copies home in backward
         self._copy_bytes = 0                    # and their gradients' bytes
+        self.copies_share = COPIES_AHEAD_SHARE  # copies_share(), read by stream_optimizer
         self._home_stream = self._side = None   # the executor's, and one for the worker's reads
         self._threads = 0               # threads(), read at the first step
         # what the host's steps took, and the caller's waits for them (stats())
@@ -256,7 +280,7 @@ class HostSteps:
         ready[1].record(torch.cuda.current_stream(self.device))
         if in_backward:
             self._copy_under_way(ready[0], sum(p.grad.nbytes for p in params),
-                                 int(COPIES_AHEAD_SHARE * handle.budget))
+                                 int(self.copies_share * handle.budget))
         if self._worker is None:
             self._threads = threads()
             self._worker = concurrent.futures.ThreadPoolExecutor(
@@ -286,7 +310,7 @@ class HostSteps:
         queues kernels far ahead of the GPU: the memory of gradients whose
         copies are under way is reused only once they pass, so PyTorch's
         allocator would reserve more the further it runs ahead. Beyond
-        `limit` bytes under way (COPIES_AHEAD_SHARE of the budget), it waits
+        `limit` bytes under way (copies_share() of the budget), it waits
         for the oldest, down to the newest alone."""
         self._copies.append((copied, nbytes))
         self._copy_bytes += nbytes

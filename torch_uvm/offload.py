@@ -368,6 +368,8 @@ class Offloaded:
         self._optimizers.append((optimizer, own))
         self.step_in_backward = bool(step_in_backward)
         self.host_step = share or self.host_step
+        if share:
+            self._host.copies_share = host_step_module.copies_share()   # (check() read it)
         if non_blocking and not self._host.non_blocking:
             self._host.non_blocking = True
             # a state_dict of the module, or of any part of it, reads the

@@ -117,11 +117,17 @@ def test_a_host_step_waits_for_its_gradients_copy_home(uvm, in_backward):
     against_reference(uvm, build, 1.0, in_backward, data(3))
 
 
+@pytest.mark.parametrize("variable, share", [(None, 1 / 8), ("0.5", 0.5)])
 def test_the_backward_bounds_the_gradients_copying_home_by_a_share_of_the_budget(
-        uvm, monkeypatch):
+        uvm, monkeypatch, variable, share):
     """Each host-stepped submodule's gradients, once their copy home is
-    queued in backward, count against COPIES_AHEAD_SHARE of the budget."""
+    queued in backward, count against a share of the budget: an eighth, or
+    TORCH_UVM_HOST_STEP_COPIES's as stream_optimizer found it."""
     from torch_uvm import host_step
+    if variable is None:
+        monkeypatch.delenv(host_step.COPIES_VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(host_step.COPIES_VARIABLE, variable)
     model = make_model(layers=8, width=1024)
     handle = uvm.offload(model, budget=24 * MiB)
     optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters()),
@@ -133,12 +139,13 @@ def test_the_backward_bounds_the_gradients_copying_home_by_a_share_of_the_budget
         real(self, copied, nbytes, limit)
         assert self._copy_bytes <= max(limit, nbytes)
     monkeypatch.setattr(host_step.HostSteps, "_copy_under_way", counted)
+    monkeypatch.setenv(host_step.COPIES_VARIABLE, "1")   # read once, by stream_optimizer
     train(model, optimizer, data(3))
     on_host = handle.host_stepped_units()
     per_unit = sum(p.nbytes for p in on_host[0].trainable)
     # (the units are alike; a step learns the plan first: at least one backward's)
     assert len(seen) >= len(on_host) > 0
-    assert set(seen) == {(per_unit, 24 * MiB // 8)}
+    assert set(seen) == {(per_unit, int(share * 24 * MiB))}
 
 
 @in_backward

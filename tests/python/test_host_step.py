@@ -95,6 +95,20 @@ def test_the_host_steps_threads_leave_two_cores_or_follow_the_variable(monkeypat
     assert host_step.check(torch.optim.AdamW([p]), 0) == 0.0     # no host step: not read
 
 
+def test_the_gradients_copying_home_take_an_eighth_of_the_budget_or_the_variables_share(
+        monkeypatch):
+    monkeypatch.delenv(host_step.COPIES_VARIABLE, raising=False)
+    assert host_step.copies_share() == host_step.COPIES_AHEAD_SHARE == 1 / 8
+    monkeypatch.setenv(host_step.COPIES_VARIABLE, "0.01")
+    assert host_step.copies_share() == 0.01
+    p = torch.nn.Parameter(torch.zeros(4))
+    for bad in ("-0.5", "2", "nan", "an eighth"):
+        monkeypatch.setenv(host_step.COPIES_VARIABLE, bad)
+        with pytest.raises(ValueError, match="TORCH_UVM_HOST_STEP_COPIES is the share of the budget"):
+            host_step.check(torch.optim.AdamW([p]), 0.5)
+    assert host_step.check(torch.optim.AdamW([p]), 0) == 0.0     # no host step: not read
+
+
 @pytest.mark.parametrize("overflow", [False, True])
 def test_the_host_step_reads_a_grad_scalers_scale_as_a_fused_adam_does(overflow):
     """GradScaler hands a fused Adam its scale and overflow flag rather than
