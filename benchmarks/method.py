@@ -195,6 +195,21 @@ def variant_host_step(variant: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
+def variant_copies_share(variant: str) -> Optional[float]:
+    """The share of the budget a variant name's `_copies<P>pct` part gives
+    the gradients copying home in backward (TORCH_UVM_HOST_STEP_COPIES),
+    or None where it has none."""
+    m = re.search(r"_copies(\d+(?:\.\d+)?)pct(?:_|$)", variant)
+    return float(m.group(1)) / 100 if m else None
+
+
+def variant_threads(variant: str) -> Optional[int]:
+    """The host step's threads a variant name's `_threads<N>` part gives
+    (TORCH_UVM_HOST_STEP_THREADS), or None where it has none."""
+    m = re.search(r"_threads(\d+)(?:_|$)", variant)
+    return int(m.group(1)) if m else None
+
+
 def gib_cell(nbytes: Optional[float]) -> str:
     """A table cell of bytes in GiB, or a dash where none were measured."""
     return "—" if nbytes is None else f"{nbytes / (1 << 30):.2f}"

@@ -95,7 +95,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import sys
 import time
 from typing import Optional
@@ -342,12 +341,11 @@ def measure(scenario, variant):
         model.cuda()
         optimizer = torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True)
     elif uvm:
-        copies = re.search(r"_copies(\d+(?:\.\d+)?)pct(?:_|$)", variant)
-        if copies:   # the gradients copying home in backward, a share of the budget
-            os.environ[torch_uvm.host_step.COPIES_VARIABLE] = str(float(copies.group(1)) / 100)
-        threads = re.search(r"_threads(\d+)(?:_|$)", variant)
-        if threads:  # the host step's threads (read at its first step)
-            os.environ[torch_uvm.host_step.THREADS_VARIABLE] = threads.group(1)
+        copies, threads = method.variant_copies_share(variant), method.variant_threads(variant)
+        if copies is not None:   # the gradients copying home in backward, a share of the budget
+            os.environ[torch_uvm.host_step.COPIES_VARIABLE] = str(copies)
+        if threads is not None:  # the host step's threads (read at its first step)
+            os.environ[torch_uvm.host_step.THREADS_VARIABLE] = str(threads)
         handle = torch_uvm.offload(model, budget=budget(scenario, variant), device="cuda")
         optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True),
                                             step_in_backward="in_backward" in variant,
@@ -463,6 +461,9 @@ def measure(scenario, variant):
         extra["host_stepped_bytes"] = sum(u.trainable_bytes for u in handle.host_stepped_units())
         extra["host_step_per_step"] = {k: (host_after[k] - host_before[k]) / (conf["steps"] - 1)
                                        for k in host_after}
+        if handle.host_step:     # what it ran with (the variables a variant or the caller set)
+            extra["host_step_settings"] = {"copies_share": handle._host.copies_share,
+                                           "threads": handle._host._threads}
         extra.update({"peak_resident_bytes": after["resident_bytes.peak"],
                  "resident_units": len(resident), "units": len(handle.units),
                  "resident_weight_bytes": sum(u.nbytes for u in resident),

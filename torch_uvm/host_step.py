@@ -103,12 +103,14 @@ COPIES_VARIABLE = "TORCH_UVM_HOST_STEP_COPIES"
 # backward's thread waits for the oldest (HostSteps._copy_under_way), as a
 # share of the offload's budget (and one submodule's, whatever its size);
 # TORCH_UVM_HOST_STEP_COPIES sets another (copies_share()). They sit in
-# PyTorch's memory, beside the budget, until their copies pass, so the
-# process holds at most this share more than the budget for them. The
+# PyTorch's memory, beside the slots the budget reserves, until their
+# copies pass (the budget's books count them as leaving), so the process
+# holds at most this share (or one submodule's) more than the budget for
+# them. The
 # further the backward runs ahead, the more its copies bunch beside the
 # host's AdamW, in the host's memory: on an H100 host (2026-11-27,
 # benchmarks/results/2026-11-27-h100, offload_train-*-copies-share*) an
-# eighth, against 1% (one submodule), stepped the 3B full fine-tune under
+# eighth, against 1% (about one submodule), stepped the 3B full fine-tune under
 # 8 GiB 1.05-1.12x faster and GPT-2 (1.2B, 4 GiB), where the host's AdamW
 # is most of the step, 0.84x; neither's peak GPU memory moved.
 COPIES_AHEAD_SHARE = 1 / 8
@@ -316,8 +318,9 @@ class HostSteps:
         self._copy_bytes += nbytes
         start = time.perf_counter()
         while self._copy_bytes > limit and len(self._copies) > 1:
-            event, done = self._copies.popleft()
-            event.synchronize()
+            event, done = self._copies[0]
+            event.synchronize()         # (raised, it stays counted and under way)
+            self._copies.popleft()
             self._copy_bytes -= done
         self._stepped["copy_wait_seconds"] += time.perf_counter() - start
 
@@ -325,7 +328,9 @@ class HostSteps:
         """A step ends the backward's count: the next backward counts anew.
         (Its copies have passed: a step waited for them, or, non-blocking,
         each submodule's next forward waits for its own step, and so for its
-        copy, before the next backward.)"""
+        copy, before the next backward. A submodule the next forward skips
+        may still be copying: the count is low for a while, and the copies,
+        in order on one stream, pass before the next ones.)"""
         self._copies.clear()
         self._copy_bytes = 0
 

@@ -296,6 +296,12 @@ def test_a_host_step_variant_is_held_to_its_own_placements_limit(capsys):
     assert method.variant_host_step("torch_uvm_in_backward_host0.5") == 0.5
     assert method.variant_host_step("torch_uvm_in_backward_host1_4GiB") == 1.0
     assert method.variant_host_step("torch_uvm_in_backward_4GiB") == 0.0
+    name = "torch_uvm_in_backward_host1_nonblocking_copies12.5pct_threads10_4GiB"
+    assert method.variant_host_step(name) == 1.0
+    assert method.variant_copies_share(name) == 0.125
+    assert method.variant_threads(name) == 10
+    assert method.variant_copies_share("torch_uvm_in_backward_host1_threads8") is None
+    assert method.variant_threads("torch_uvm_in_backward_host1_copies1pct") is None
     assert not offload_train.exact("torch_uvm_in_backward_host1")
     assert offload_train.exact("torch_uvm_in_backward_4GiB")
     # 12 GiB, 2 resident, 6 of the 10 streamed stepped on the host
