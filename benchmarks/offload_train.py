@@ -607,6 +607,16 @@ def describe_limit(limit):
             f"GiB home = {limit['seconds']:.3f} s")
 
 
+def settings_note(settings: Optional[dict]) -> str:
+    """What a host step ran with (measure's host_step_settings), for its
+    line of the report: the share of the budget its gradients copying home
+    could take, and its threads; nothing for a run that did not say."""
+    if not settings:
+        return ""
+    return (f" (gradients copying home up to {settings['copies_share']:.3g} of the budget; "
+            f"{settings['threads']} threads)")
+
+
 def report(scenario, runs, rounds):
     ref = next((r["losses"] for r in runs.get("resident", []) if r), None)
     lim = limits(scenario, runs, rounds)
@@ -729,7 +739,8 @@ def report(scenario, runs, rounds):
                   f"({h['units']:.0f} units) a step in {h['step_seconds']:.3f} s of fused AdamW; "
                   f"optimizer.step() waited {h['wait_seconds']:.3f} s for it"
                   + (f"; the backward waited {h['copy_wait_seconds']:.3f} s for gradients' "
-                     f"copies home" if "copy_wait_seconds" in h else ""))
+                     f"copies home" if "copy_wait_seconds" in h else "")
+                  + settings_note(row.get("host_step_settings")))
     for v, rs in runs.items():
         for r in rs:
             if r and r.get("profile"):

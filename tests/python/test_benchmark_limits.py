@@ -314,7 +314,11 @@ def test_a_host_step_variant_is_held_to_its_own_placements_limit(capsys):
     runs = {"pinned_rate": [{"h2d_gbps": 50.0, "d2h_gbps": 50.0,
                              "host_adamw_elements_per_s": 1e9}], "resident": [run],
             "torch_uvm_in_backward": [run],
-            "torch_uvm_in_backward_host0.5": [{**run, "host_stepped_bytes": 6 * GiB}]}
+            "torch_uvm_in_backward_host0.5": [{
+                **run, "host_stepped_bytes": 6 * GiB,
+                "host_step_per_step": {"units": 5, "step_seconds": 0.5, "wait_seconds": 0.01,
+                                       "copy_wait_seconds": 0.02},
+                "host_step_settings": {"copies_share": 0.125, "threads": 14}}]}
     table, lim = offload_train.report("llama", runs, 1)
     row = table["torch_uvm_in_backward_host0.5"]
     assert row["x_link_limit_with_step_on_gpu"] == pytest.approx(0.8 / own["seconds"])
@@ -324,6 +328,8 @@ def test_a_host_step_variant_is_held_to_its_own_placements_limit(capsys):
     out = capsys.readouterr().out
     assert "| torch_uvm_in_backward_host0.5 | 5120 (5120-5120) | 2.33 | 0.50 | 1.35 | " \
         "0 (bit for bit) |" in out
+    assert "the backward waited 0.020 s for gradients' copies home (gradients copying home " \
+        "up to 0.125 of the budget; 14 threads)" in out
 
 
 def test_the_least_on_this_host_counts_the_hosts_step_beside_the_link():
