@@ -309,21 +309,19 @@ MUTANTS = [
       "test_the_backward_waits_for_the_oldest_copies_beyond_their_bytes_ahead"]),
     ("the backward waits for the newest gradient copy home, not the oldest",
      "torch_uvm/host_step.py",
-     "            event, done = self._copies[0]",
-     "            event, done = self._copies[-1]",
+     "            self._copies[0][0].synchronize()    # (raised, it stays counted and under way)",
+     "            self._copies[-1][0].synchronize()    # (raised, it stays counted and under way)",
      ["tests/python/test_host_step.py::"
       "test_the_backward_waits_for_the_oldest_copies_beyond_their_bytes_ahead"]),
-    ("a copy whose wait fails leaves the queue but stays counted", "torch_uvm/host_step.py",
-     "            event, done = self._copies[0]\n"
-     "            event.synchronize()         # (raised, it stays counted and under way)\n"
+    ("a copy leaves the queue before its wait passes", "torch_uvm/host_step.py",
+     "            self._copies[0][0].synchronize()    # (raised, it stays counted and under way)\n"
      "            self._copies.popleft()\n",
-     "            event, done = self._copies.popleft()\n"
-     "            event.synchronize()         # (raised, it stays counted and under way)\n",
+     "            self._copies.popleft()[0].synchronize()\n",
      ["tests/python/test_host_step.py::test_a_copy_whose_wait_fails_stays_counted"]),
     ("the backward counts the gradients' copies home, not their bytes",
      "torch_uvm/host_step.py",
-     "        self._copy_bytes += nbytes\n",
-     "        self._copy_bytes += 1\n",
+     "        return sum(nbytes for _, nbytes in self._copies)\n",
+     "        return len(self._copies)\n",
      ["tests/python/test_host_step.py::"
       "test_the_backward_waits_for_the_oldest_copies_beyond_their_bytes_ahead"]),
     ("a bad TORCH_UVM_HOST_STEP_COPIES is not refused by stream_optimizer",

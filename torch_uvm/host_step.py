@@ -106,13 +106,13 @@ COPIES_VARIABLE = "TORCH_UVM_HOST_STEP_COPIES"
 # PyTorch's memory, beside the slots the budget reserves, until their
 # copies pass (the budget's books count them as leaving), so the process
 # holds at most this share (or one submodule's) more than the budget for
-# them. The
-# further the backward runs ahead, the more its copies bunch beside the
-# host's AdamW, in the host's memory: on an H100 host (2026-11-27,
-# benchmarks/results/2026-11-27-h100, offload_train-*-copies-share*) an
-# eighth, against 1% (about one submodule), stepped the 3B full fine-tune under
-# 8 GiB 1.05-1.12x faster and GPT-2 (1.2B, 4 GiB), where the host's AdamW
-# is most of the step, 0.84x; neither's peak GPU memory moved.
+# them. The further the backward runs ahead, the more its copies bunch
+# beside the host's AdamW, in the host's memory: on an H100 host
+# (2026-11-27, benchmarks/results/2026-11-27-h100,
+# offload_train-*-copies-share*) an eighth, against 1% (about one
+# submodule), stepped the 3B full fine-tune under 8 GiB 1.05-1.12x faster
+# and GPT-2 (1.2B, 4 GiB), where the host's AdamW is most of the step,
+# 0.84x; neither's peak GPU memory moved.
 COPIES_AHEAD_SHARE = 1 / 8
 
 
@@ -229,8 +229,8 @@ class HostSteps:
         self._waiting: List[_Queued] = []       # not yet begun (the worker's to choose)
         self._lock = threading.Lock()
         self._executor = None                   # the executor whose homes they write
-        self._copies: collections.deque = collections.deque()  # gradients' copies home in backward
-        self._copy_bytes = 0                    # and their gradients' bytes
+        # gradients' copies home in backward: (an event after one, its bytes)
+        self._copies: collections.deque = collections.deque()
         self.copies_share = COPIES_AHEAD_SHARE  # copies_share(), read by stream_optimizer
         self._home_stream = self._side = None   # the executor's, and one for the worker's reads
         self._threads = 0               # threads(), read at the first step
@@ -315,14 +315,16 @@ class HostSteps:
         `limit` bytes under way (copies_share() of the budget), it waits
         for the oldest, down to the newest alone."""
         self._copies.append((copied, nbytes))
-        self._copy_bytes += nbytes
         start = time.perf_counter()
         while self._copy_bytes > limit and len(self._copies) > 1:
-            event, done = self._copies[0]
-            event.synchronize()         # (raised, it stays counted and under way)
+            self._copies[0][0].synchronize()    # (raised, it stays counted and under way)
             self._copies.popleft()
-            self._copy_bytes -= done
         self._stepped["copy_wait_seconds"] += time.perf_counter() - start
+
+    @property
+    def _copy_bytes(self) -> int:
+        """The bytes of the gradients whose copies home are under way."""
+        return sum(nbytes for _, nbytes in self._copies)
 
     def _forget_copies(self) -> None:
         """A step ends the backward's count: the next backward counts anew.
@@ -332,7 +334,6 @@ class HostSteps:
         may still be copying: the count is low for a while, and the copies,
         in order on one stream, pass before the next ones.)"""
         self._copies.clear()
-        self._copy_bytes = 0
 
     def _next(self) -> _Queued:
         """Of the steps not begun, the one whose submodule runs first in the
