@@ -69,6 +69,8 @@ PROFILE = "tests/python/test_gpu_profile.py::"
 LOOPS = "tests/python/test_gpu_training_loops.py::"
 CHECKPOINT = "tests/python/test_gpu_checkpoint.py::"
 HOST_STEP = "tests/python/test_gpu_host_step.py::"
+FORWARD_WRITES = "tests/python/test_gpu_forward_writes.py"
+DIFFERENTIAL = "tests/python/test_gpu_differential.py::"
 
 # (name, file, text, replacement, tests that must fail). A test named
 # "core:Suite.Test" is a GoogleTest of the host-runtime build (build/core_tests,
@@ -630,6 +632,22 @@ MUTANTS = [
      "        values = self._values_back(to_cpu)    # may fail: nothing undone yet",
      "        values = {}",
      [OFFLOAD + "test_undo_that_cannot_put_the_weights_back_on_the_gpu_leaves_the_module_offloaded"]),
+    # A forward's writes to buffers that move no version counter (BatchNorm's
+    # running statistics, a write through .data) are lost, as before they
+    # went home: in the executor, and in the units that name the buffers.
+    ("a buffer that ran goes home only if its version moved", "csrc/torch/stream_executor_memory.cpp",
+     "  written = written || t.changed() || !t.has_home() || entries_[id].ran;\n",
+     "  written = written || t.changed() || !t.has_home();\n",
+     [FORWARD_WRITES, DIFFERENTIAL + "test_a_drawn_program_trains_offloaded_as_all_resident[0]"]),
+    ("no buffer is named to the executor", "torch_uvm/offload_units.py",
+     "                    u.buffers.append(seen)", "                    pass",
+     [FORWARD_WRITES]),
+    ("an offload inside an offload is accepted", "torch_uvm/offload.py",
+     "    _refuse_nested(module)\n", "",
+     [OFFLOAD + "test_an_offload_inside_an_offload_is_refused_and_changes_nothing"]),
+    ("clipping gradients stepped in backward clips nothing, silently", "torch_uvm/offload.py",
+     "            clipping.watch(self)", "            pass",
+     [LOOPS + "test_clipping_gradients_that_stepped_in_backward_is_refused"]),
 ]
 
 

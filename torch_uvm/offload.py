@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from . import _C, offload_training
+from . import _C, clipping, offload_training
 from . import host_step as host_step_module
 from . import checkpoint as _checkpoint
 from .offload_units import _Unit, direct_tensors as _direct_tensors, make_units, offload_plan, \
@@ -140,6 +140,10 @@ class Offloaded:
         self._final_stats = None             # residency_stats() when undone
         self._param_ids: set = set()         # the streamed parameters' ids (install)
         self._hooked: set = set()            # ids of those with our gradient hook
+        # the ids of every tensor it streams and of those they replaced (it
+        # holds them all, so no id is reused while it lives)
+        self._tensor_ids = {id(t) for u in units for t in u.targets} | \
+            {id(t) for t in originals.values()}
 
     @property
     def learned(self) -> bool:
@@ -148,6 +152,20 @@ class Offloaded:
     def resident_units(self) -> List[_Unit]:
         """The submodules that stay on the GPU (after the first forward)."""
         return [u for u in self.units if self.learned and self.executor.resident(u.index)]
+
+    def holds_any(self, tensors) -> bool:
+        """Whether any of `tensors` is this offload's: one it streams, or
+        one of the module's that it replaced (undo() gives it back)."""
+        return any(id(t) in self._tensor_ids for t in tensors)
+
+    def stepped_in_backward(self, params) -> List[str]:
+        """The names of the submodules among `params`' whose gradients
+        stepped in this backward (step_in_backward) and are gone until the
+        next backward: what a clipping of them would not see."""
+        if not (self.step_in_backward and self._backward.stepped_since_step):
+            return []
+        ids = {id(p) for p in params}
+        return [u.name for u in self.units if u.stepped and any(id(p) in ids for p in u.params)]
 
     def host_step_stats(self) -> dict:
         """stream_optimizer's host_step so far: ``units`` stepped on the
@@ -235,7 +253,7 @@ class Offloaded:
         executor = _C.StreamExecutor(self._lease.share, self.device, self.ahead, in_place,
                                      self.training)
         for u in self.units:
-            u.index = executor.add_unit(u.name, u.targets, u.trainable)
+            u.index = executor.add_unit(u.name, u.targets, u.trainable, u.buffers)
         self.executor = self._lease.executor = executor
 
     def _plan_for_training(self) -> None:
@@ -318,8 +336,9 @@ class Offloaded:
         they never leave the GPU (the fastest way; PyTorch's
         optimizer-in-backward). ``optimizer.step()`` then only finishes what
         backward did not step. Gradients are not there after backward (no
-        clipping by global norm, no accumulation over several backwards:
-        use the default for those). Not with data parallelism (DDP): a
+        clipping by global norm: ``torch.nn.utils.clip_grad_norm_`` and
+        ``clip_grad_value_`` of them raise, clipping.py; no accumulation
+        over several backwards: use the default for those). Not with data parallelism (DDP): a
         submodule would step on this rank's own gradients before they are
         averaged; a warning says so.
 
@@ -367,6 +386,8 @@ class Offloaded:
         own = optimizer.step
         self._optimizers.append((optimizer, own))
         self.step_in_backward = bool(step_in_backward)
+        if self.step_in_backward:      # PyTorch's clipping of its gradients raises
+            clipping.watch(self)
         self.host_step = share or self.host_step
         if share:
             self._host.copies_share = host_step_module.copies_share()   # (check() read it)
@@ -590,6 +611,28 @@ def _make_replacements(plan, held: set, shared: Dict[int, torch.Tensor],
                 _C.empty_cache()
 
 
+def _refuse_nested(module: torch.nn.Module) -> None:
+    """An offload streams its tensors alone: a module sharing one with an
+    offload not undone (a part of its module, a parent of it, a module
+    holding one of its parameters) is refused, naming that offload."""
+    for other in list(_LIVE):
+        names = [f"{name}.{tname}" if name else tname for name, m in module.named_modules()
+                 for tname, t, _ in _direct_tensors(m) if other.holds_any([t])]
+        if not names:
+            continue
+        held = type(other.module).__name__
+        how = ("is a part of" if any(m is module for m in other.module.modules()) else
+               "holds" if any(m is other.module for m in module.modules()) else
+               "shares tensors with")
+        raise RuntimeError(
+            f"torch_uvm: {type(module).__name__} {how} the offloaded {held} "
+            f"({', '.join(names[:3])}{' ...' if len(names) > 3 else ''} "
+            f"{'is' if len(names) == 1 else 'are'} streamed by that offload, budget "
+            f"{other.budget} bytes): one tensor streams in one offload. Call undo() on the "
+            f"handle offload({held}) returned first, then offload the module you want; "
+            f"nothing was changed")
+
+
 def _host_available() -> Optional[int]:
     """The host memory the kernel can give without swapping (MemAvailable),
     or None where /proc/meminfo does not say."""
@@ -739,6 +782,7 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     if getattr(module, "_torch_uvm_offloaded", None) is not None:
         raise RuntimeError("torch_uvm: this module is already offloaded; call undo() on the "
                            "handle offload returned before offloading it again")
+    _refuse_nested(module)
     if not isinstance(ahead, int) or isinstance(ahead, bool) or ahead < 1:
         raise ValueError(f"ahead must be a positive int, got {ahead!r}")
     if mode not in MODES:

@@ -21,12 +21,13 @@ from .residency import _span_bytes
 class _Unit:
     """A module (the root) whose members' own parameters and buffers
     stream as one."""
-    __slots__ = ("name", "module", "members", "targets", "params", "trainable", "index",
-                 "grads_expected", "grads_seen", "stepped")
+    __slots__ = ("name", "module", "members", "targets", "buffers", "params", "trainable",
+                 "index", "grads_expected", "grads_seen", "stepped")
 
     def __init__(self, name: str, module: torch.nn.Module, targets: List[torch.Tensor]):
         self.name, self.module, self.targets = name, module, targets
         self.members: List[torch.nn.Module] = []        # whose own tensors it holds
+        self.buffers: List[torch.Tensor] = []           # the targets that are buffers
         self.params: List[torch.nn.Parameter] = []      # whose gradients it streams, if any
         self.trainable: List[torch.nn.Parameter] = []   # those that require grad now
         self.index = -1                                  # in the executor
@@ -134,8 +135,10 @@ def make_units(plan, roots, shared: Dict[int, torch.Tensor]) -> List[_Unit]:
         if u is None:
             u = units[id(root)] = _Unit(name, root, [])
         u.members.append(m)
-        for _, t, _ in own:
+        for _, t, kind in own:
             seen = shared[id(t)]
             if seen.numel() > 0 and all(x is not seen for x in u.targets):
                 u.targets.append(seen)
+                if kind == "buffer":    # a forward may write it, its version unmoved
+                    u.buffers.append(seen)
     return list(units.values())

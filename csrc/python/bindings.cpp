@@ -220,7 +220,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            }),
            py::arg("share"), py::arg("device"), py::arg("ahead"), py::arg("in_place"),
            py::arg("training"))
-      .def("add_unit", &StreamExecutor::add_unit)
+      .def("add_unit", &StreamExecutor::add_unit, py::arg("name"), py::arg("targets"),
+           py::arg("trainable"), py::arg("buffers") = std::vector<at::Tensor>{})
       .def("plan", &StreamExecutor::plan)
       .def("streamed_per_pass", &StreamExecutor::streamed_per_pass)
       .def("set_in_place", &StreamExecutor::set_in_place)

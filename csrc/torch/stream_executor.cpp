@@ -108,7 +108,8 @@ int StreamExecutor::add_entry(const at::Tensor& target, StreamedTensor::Memory m
 }
 
 int StreamExecutor::add_unit(const std::string& name, const std::vector<at::Tensor>& targets,
-                             const std::vector<at::Tensor>& trainable) {
+                             const std::vector<at::Tensor>& trainable,
+                             const std::vector<at::Tensor>& buffers) {
   Unit u;
   u.name = name;
   seq_pos_.push_back(-1);
@@ -118,6 +119,12 @@ int StreamExecutor::add_unit(const std::string& name, const std::vector<at::Tens
     if (std::find(u.tensors.begin(), u.tensors.end(), id) == u.tensors.end()) {
       u.tensors.push_back(id);
     }
+  }
+  for (const at::Tensor& b : buffers) {
+    const int id = entry_for(b);
+    TORCH_CHECK(id >= 0, "torch_uvm: internal error: a buffer of submodule '", name,
+                "' is not among its tensors; please report it");
+    entries_[id].buffer = true;
   }
   u.trainable = trainable;
   u.grads.assign(trainable.size(), -1);

@@ -55,9 +55,13 @@ class StreamExecutor {
   // A submodule: `targets` are its parameters and buffers (CUDA tensors
   // over pinned homes: pinned_home.h), `trainable` the parameters whose
   // gradients it streams. A tensor shared by two submodules (tied weights)
-  // is one streamed tensor. Returns the unit's index.
+  // is one streamed tensor. `buffers`: the targets that are buffers, which
+  // a forward may write without moving their version counter (BatchNorm's
+  // running statistics): each that ran in a slot goes home when it leaves.
+  // Returns the unit's index.
   int add_unit(const std::string& name, const std::vector<at::Tensor>& targets,
-               const std::vector<at::Tensor>& trainable);
+               const std::vector<at::Tensor>& trainable,
+               const std::vector<at::Tensor>& buffers = {});
 
   // After the first forward (which ran the units on demand, in the order
   // noted by before()): decides the resident units (core/resident_plan.h:
@@ -164,6 +168,12 @@ class StreamExecutor {
     std::string name;     // in traces: its submodule's, or "<submodule>.grad"
     int holds = 0;        // passes and steps using it now: never evicted
     bool pinned = false;  // a resident unit's
+    // A buffer: a forward may write it without moving its version (the
+    // batch_norm kernels write running_mean and running_var so), so once
+    // its unit ran while it sat in its slot (`ran`), it is written home
+    // when it leaves, as a tensor whose version moved is.
+    bool buffer = false;
+    bool ran = false;
     // The compute streams its slot was used on since it arrived (a step may
     // run on a stream of its own): what it leaves after.
     std::vector<c10::cuda::CUDAStream> used_on;
@@ -189,6 +199,7 @@ class StreamExecutor {
 
   c10::cuda::CUDAStream compute() const;
   void note_use(const std::vector<int>& ids);  // the current stream uses their slots
+  void note_ran(const std::vector<int>& ids);  // their unit runs: buffers may be written
   // An entry's streams, and the current one (the caller's next work).
   std::vector<c10::cuda::CUDAStream> streams_of(int id) const;
   // compute_done_: the work so far of the current stream and of every

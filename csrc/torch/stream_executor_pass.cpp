@@ -50,6 +50,7 @@ void StreamExecutor::before(int unit, bool backward) {
   u.held = true;
   wait_ready(u.tensors);
   note_use(u.tensors);
+  note_ran(u.tensors);
   // (a forward recomputed inside a backward, activation checkpointing, runs
   // units the backward already passed: nothing to bring ahead of it)
   if (planned_ && (backward || !in_backward_)) stage_next(unit, backward);
@@ -58,6 +59,17 @@ void StreamExecutor::before(int unit, bool backward) {
   // are. Kept held, the host would wait for copies home at every unit
   // (GPT-2 1.2B under 4 GiB, H100, 2026-11-25: 0.67 s a step against 0.48).
   if (backward) room_for(new_grad_bytes(u));
+}
+
+// Its buffers in slots may be written by this run, their versions unmoved:
+// they go home when they leave, and the budget counts them as written.
+void StreamExecutor::note_ran(const std::vector<int>& ids) {
+  for (int id : ids) {
+    Entry& e = entries_[id];
+    if (!e.buffer || e.ran || !e.tensor->in_slot()) continue;
+    e.ran = true;
+    budget_.mark_written(key(id));
+  }
 }
 
 void StreamExecutor::after(int unit) {

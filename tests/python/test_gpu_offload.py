@@ -146,6 +146,34 @@ def test_streamed_weights_are_copied_into_gpu_memory_ahead_of_their_use(uvm, bud
     handle.undo()
 
 
+def test_an_offload_inside_an_offload_is_refused_and_changes_nothing(uvm):
+    """A part of an offloaded module, a module holding one, and a module
+    holding one of its parameters (tied before the offload) are refused by
+    name before anything changes; the offload streams on bit for bit, and
+    after its undo() the part offloads."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(6)])
+    outside = torch.nn.Linear(256, 256)
+    outside.weight = model[1].weight                      # a module beside it, tied
+    parent = torch.nn.Sequential(torch.nn.Linear(256, 256), model)
+    x = torch.randn(4, 256, device="cuda")
+    want = copy.deepcopy(model).cuda()(x)
+    handle = uvm.offload(model, budget=MiB)
+    part = model[3]
+    before = [(p, p.data_ptr()) for m in (part, parent[0], outside) for p in m.parameters()]
+    for m, how in [(part, "is a part of the offloaded Sequential"),
+                   (parent, "holds the offloaded Sequential"),
+                   (outside, "shares tensors with the offloaded Sequential")]:
+        with pytest.raises(RuntimeError, match=f"{how}.*undo\\(\\) on the handle"):
+            uvm.offload(m, budget=MiB)
+        assert getattr(m, "_torch_uvm_offloaded", None) is None
+    assert all(a is b and a.data_ptr() == ptr for (a, ptr), b in
+               zip(before, [p for m in (part, parent[0], outside) for p in m.parameters()]))
+    assert torch.equal(model(x), want)
+    handle.undo()
+    uvm.offload(part, budget=MiB).undo()
+
+
 def test_offload_bad_input_changes_nothing(uvm, budget):
     model = make_model(layers=4)
     params = [p for p in model.parameters()]

@@ -912,3 +912,48 @@ def test_the_process_gpu_memory_of_offloaded_training_is_twice_its_budget_at_mos
           f"all resident {resident_used / MiB:.1f} MiB, {beside / MiB:.1f} beside the model")
     assert used <= 2 * budget + beside + 48 * MiB
     assert handle.residency_stats()["resident_bytes.peak"] <= budget
+
+
+def test_clipping_after_the_default_step_gives_the_all_resident_weights(uvm):
+    """clip_grad_norm_ between backward and step (the Hugging Face Trainer's
+    default, max_grad_norm=1.0) clips the offloaded gradients as all
+    resident, and returns the same norm."""
+    batches = data(3)
+    norms = {}
+
+    def loop(model, optimizer):
+        seen = []
+        for x in batches:
+            (model(x).square().mean() * 1e3).backward()
+            seen.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+            optimizer.step()
+            optimizer.zero_grad()
+        norms[len(norms)] = seen
+        return seen
+    both(uvm, lambda: make_model(width=1024), loop, budget=24 * MiB)
+    assert all(n > 1.0 for n in norms[0])            # it did clip
+
+
+@pytest.mark.parametrize("clip", ["clip_grad_norm_", "clip_grad_value_"])
+def test_clipping_gradients_that_stepped_in_backward_is_refused(uvm, clip):
+    """With step_in_backward the gradients stepped and are gone by the time
+    a clip runs: PyTorch's clip over them raises, naming step_in_backward
+    and the way out, instead of clipping nothing. Parameters of no such
+    offload clip as usual meanwhile, and step() after the refusal ends the
+    step as usual."""
+    model = make_model(layers=4, width=1024)
+    handle = uvm.offload(model, budget=24 * MiB)
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                        step_in_backward=True)
+    other = torch.nn.Linear(8, 8).cuda()
+    other(torch.randn(2, 8, device="cuda")).sum().backward()
+    model(data(1)[0]).square().mean().backward()
+    args = (1.0,)
+    with pytest.raises(RuntimeError, match=r"step_in_backward.*max_grad_norm=0"):
+        getattr(torch.nn.utils, clip)(model.parameters(), *args)
+    with pytest.raises(RuntimeError, match="step_in_backward"):
+        getattr(torch.nn.utils, clip)(list(model.parameters()) + list(other.parameters()), *args)
+    getattr(torch.nn.utils, clip)(other.parameters(), *args)
+    optimizer.step()
+    optimizer.zero_grad()
+    assert torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0) == 0   # none stepped since

@@ -1,0 +1,169 @@
+"""Buffers a forward writes keep every write, as all resident. BatchNorm's
+running statistics are written by the batch_norm kernels without moving the
+buffers' version counters, and a write through ``.data`` moves none either:
+an offload that sent home only tensors whose version moved lost them all.
+Each case runs all resident and offloaded, in every mode, and compares
+outputs, losses, weights, buffers and the optimizer's states bit for bit,
+before undo(), after it, and through a checkpoint."""
+import io
+
+import pytest
+import torch
+
+from conftest import gpu
+from offload_helpers import gpu_bytes, undo_leftover_offloads
+
+pytestmark = gpu
+MiB = 1 << 20
+MODES = ["in_place", "prefetch", "auto"]
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_streamed():
+    """Deterministic convolutions (the two runs must agree bit for bit),
+    and nothing left streamed afterwards."""
+    was = torch.backends.cudnn.deterministic
+    torch.backends.cudnn.deterministic = True
+    yield
+    torch.backends.cudnn.deterministic = was
+    if torch.cuda.is_available():
+        undo_leftover_offloads()
+        torch.cuda.synchronize()
+
+
+class LastMean(torch.nn.Module):
+    """Keeps the mean of its last input in a buffer not saved in a
+    state_dict, written through .data (its version unmoved), and counts its
+    calls in a saved one (an in-place add: its version moves)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("last", torch.zeros(()), persistent=False)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        self.last.data.copy_(x.detach().mean())
+        self.calls += 1
+        return x
+
+
+def conv_bn_net(layers=10, width=64):
+    torch.manual_seed(0)
+    blocks = []
+    for _ in range(layers):
+        blocks += [torch.nn.Conv2d(width, width, 3, padding=1), torch.nn.BatchNorm2d(width),
+                   torch.nn.ReLU()]
+    return torch.nn.Sequential(*blocks, LastMean(), torch.nn.AdaptiveAvgPool2d(1),
+                               torch.nn.Flatten(), torch.nn.Linear(width, 10))
+
+
+def total_bytes(model) -> int:
+    return sum(t.nbytes for t in list(model.parameters()) + list(model.buffers()))
+
+
+def some_streamed(handle, resident=True) -> bool:
+    """Part of the net streamed, and, `resident`, the rest resident."""
+    return (0 < len(handle.resident_units()) or not resident) and \
+        len(handle.resident_units()) < len(handle.units)
+
+
+def batches(steps=4, seed=1):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [(torch.randn(8, 64, 8, 8, device="cuda", generator=g),
+             torch.randint(0, 10, (8,), device="cuda", generator=g)) for _ in range(steps)]
+
+
+def train_then_evaluate(model, optimizer, data):
+    losses = []
+    model.train()
+    for x, y in data:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.detach())
+    model.eval()
+    with torch.no_grad():
+        evaluated = model(data[0][0])
+    return losses, evaluated
+
+
+def everything(model, optimizer=None):
+    """Every parameter and buffer (saved or not), and the optimizer's
+    states, by name, as CPU tensors."""
+    seen = {f"param {n}": p.detach().cpu() for n, p in model.named_parameters()}
+    seen.update({f"buffer {n}": b.detach().cpu() for n, b in model.named_buffers()})
+    if optimizer is not None:
+        for n, p in model.named_parameters():
+            for k, v in optimizer.state.get(p, {}).items():
+                if isinstance(v, torch.Tensor):
+                    seen[f"state {n}.{k}"] = v.detach().cpu()
+    return seen
+
+
+def assert_same(got, want):
+    assert got.keys() == want.keys()
+    wrong = [k for k in want if not torch.equal(got[k], want[k])]
+    assert not wrong, f"{len(wrong)} differ from all resident: {wrong[:6]}"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("in_backward", [False, True], ids=["step_after", "step_in_backward"])
+def test_a_forward_writes_to_buffers_persist_in_training(uvm, mode, in_backward):
+    """A conv net with BatchNorm (1.5 MB) trained under 1 MiB (most units stream),
+    SGD with momentum, then evaluated: its running statistics, its
+    num_batches_tracked, a buffer written through .data, outputs, losses,
+    weights and momenta equal all resident's; after undo() too; and a
+    state_dict saved from the offload loads into a resident model that
+    evaluates the same."""
+    data = batches()
+    make = lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    reference = conv_bn_net().cuda()
+    ref_opt = make(reference)
+    want = train_then_evaluate(reference, ref_opt, data)
+    want_all = everything(reference, ref_opt)
+
+    model = conv_bn_net()
+    handle = uvm.offload(model, budget=1 * MiB, mode=mode)
+    optimizer = handle.stream_optimizer(make(model), step_in_backward=in_backward)
+    got = train_then_evaluate(model, optimizer, data)
+    torch.cuda.synchronize()
+    assert some_streamed(handle, resident=False)   # (a step's room takes the rest)
+    assert all(torch.equal(a, b) for a, b in zip(got[0], want[0])), "losses"
+    assert torch.equal(got[1], want[1]), "evaluated outputs"
+    assert_same(everything(model, optimizer), want_all)
+    assert gpu_bytes(model) <= 1 * MiB          # the driver's word, apart from the books
+
+    saved = io.BytesIO()
+    torch.save(model.state_dict(), saved)
+    handle.undo()      # (the optimizer's states stay keyed by the offload's parameters)
+    assert_same(everything(model), {k: v for k, v in want_all.items() if "state" not in k})
+    saved.seek(0)
+    loaded = conv_bn_net().cuda()
+    loaded.load_state_dict(torch.load(saved))
+    loaded.eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(data[0][0]), want[1])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_forward_writes_to_buffers_persist_without_grad(uvm, mode):
+    """BatchNorm's statistics recomputed without grad (the model in train(),
+    as a recalibration pass runs it), under a budget that keeps part of the
+    net resident: the buffers of resident and streamed units equal all
+    resident's, before and after undo()."""
+    data = batches(steps=5, seed=3)
+    reference = conv_bn_net().cuda()
+    model = conv_bn_net()
+    handle = uvm.offload(model, budget=total_bytes(model) * 3 // 4, mode=mode)
+    for m in (reference, model):
+        m.train()
+        with torch.no_grad():
+            outs = [m(x) for x, _ in data]
+        m.outs = outs
+    torch.cuda.synchronize()
+    assert some_streamed(handle)
+    assert all(torch.equal(a, b) for a, b in zip(model.outs, reference.outs))
+    assert_same(everything(model), everything(reference))
+    handle.undo()
+    assert_same(everything(model), everything(reference))
