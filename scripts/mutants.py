@@ -635,9 +635,9 @@ MUTANTS = [
     # A forward's writes to buffers that move no version counter (BatchNorm's
     # running statistics, a write through .data) are lost, as before they
     # went home: in the executor, and in the units that name the buffers.
-    ("a buffer that ran goes home only if its version moved", "csrc/torch/stream_executor_memory.cpp",
-     "  written = written || t.changed() || !t.has_home() || entries_[id].ran;\n",
-     "  written = written || t.changed() || !t.has_home();\n",
+    ("a buffer that ran goes home only if its version moved", "csrc/torch/stream_executor_pass.cpp",
+     "    if (entries_[id].buffer && entries_[id].tensor->in_slot()) budget_.mark_written(key(id));\n",
+     "",
      [FORWARD_WRITES, DIFFERENTIAL + "test_a_drawn_program_trains_offloaded_as_all_resident[0]"]),
     ("no buffer is named to the executor", "torch_uvm/offload_units.py",
      "                    u.buffers.append(seen)", "                    pass",

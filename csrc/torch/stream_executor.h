@@ -170,10 +170,9 @@ class StreamExecutor {
     bool pinned = false;  // a resident unit's
     // A buffer: a forward may write it without moving its version (the
     // batch_norm kernels write running_mean and running_var so), so once
-    // its unit ran while it sat in its slot (`ran`), it is written home
-    // when it leaves, as a tensor whose version moved is.
+    // its unit ran while it sat in its slot, the budget marks it written
+    // (note_ran), and it goes home when it leaves.
     bool buffer = false;
-    bool ran = false;
     // The compute streams its slot was used on since it arrived (a step may
     // run on a stream of its own): what it leaves after.
     std::vector<c10::cuda::CUDAStream> used_on;

@@ -96,8 +96,7 @@ std::vector<c10::Storage> StreamExecutor::arena_slots(const std::vector<std::siz
 
 bool StreamExecutor::leave(int id, bool written) {
   StreamedTensor& t = *entries_[id].tensor;
-  written = written || t.changed() || !t.has_home() || entries_[id].ran;
-  entries_[id].ran = false;
+  written = written || t.changed() || !t.has_home();
   TraceScope scope(written ? "write_home" : "drop", entries_[id].name, t.nbytes(),
                    stream_ref(home_stream_));
   const bool home = t.leave(written, compute_done_, streams_of(id), home_stream_);

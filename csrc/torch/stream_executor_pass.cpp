@@ -62,13 +62,11 @@ void StreamExecutor::before(int unit, bool backward) {
 }
 
 // Its buffers in slots may be written by this run, their versions unmoved:
-// they go home when they leave, and the budget counts them as written.
+// the budget counts them as written, so they go home when they leave (every
+// way out asks the budget how: carry_out, evict_now).
 void StreamExecutor::note_ran(const std::vector<int>& ids) {
   for (int id : ids) {
-    Entry& e = entries_[id];
-    if (!e.buffer || e.ran || !e.tensor->in_slot()) continue;
-    e.ran = true;
-    budget_.mark_written(key(id));
+    if (entries_[id].buffer && entries_[id].tensor->in_slot()) budget_.mark_written(key(id));
   }
 }
 
