@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import gpu
+from differential import everything
 from offload_helpers import gpu_bytes, undo_leftover_offloads
 
 pytestmark = gpu
@@ -86,19 +87,6 @@ def train_then_evaluate(model, optimizer, data):
     with torch.no_grad():
         evaluated = model(data[0][0])
     return losses, evaluated
-
-
-def everything(model, optimizer=None):
-    """Every parameter and buffer (saved or not), and the optimizer's
-    states, by name, as CPU tensors."""
-    seen = {f"param {n}": p.detach().cpu() for n, p in model.named_parameters()}
-    seen.update({f"buffer {n}": b.detach().cpu() for n, b in model.named_buffers()})
-    if optimizer is not None:
-        for n, p in model.named_parameters():
-            for k, v in optimizer.state.get(p, {}).items():
-                if isinstance(v, torch.Tensor):
-                    seen[f"state {n}.{k}"] = v.detach().cpu()
-    return seen
 
 
 def assert_same(got, want):
