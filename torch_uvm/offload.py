@@ -338,9 +338,9 @@ class Offloaded:
         backward did not step. Gradients are not there after backward (no
         clipping by global norm: ``torch.nn.utils.clip_grad_norm_`` and
         ``clip_grad_value_`` of them raise, clipping.py; no accumulation
-        over several backwards: use the default for those). Not with data parallelism (DDP): a
-        submodule would step on this rank's own gradients before they are
-        averaged; a warning says so.
+        over several backwards: use the default for those). Not with data
+        parallelism (DDP): a submodule would step on this rank's own
+        gradients before they are averaged; a warning says so.
 
         `host_step`: the share (0 to 1) of the streamed submodules'
         trainable bytes that step on the host, the last in the forward's

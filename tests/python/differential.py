@@ -107,21 +107,13 @@ def program(seed: int) -> str:
             init.append(f"self.{name} = nn.Linear({width}, {width})")
             body.append(f"h = torch.relu(self.{name}(h))")
             linears.append(name)
-        elif kind == "batchnorm":
-            init.append(f"self.{name} = nn.BatchNorm1d({width})")
-            body.append(f"h = self.{name}(h)")
-        elif kind == "layernorm":
-            init.append(f"self.{name} = nn.LayerNorm({width})")
-            body.append(f"h = self.{name}(h)")
-        elif kind == "dropout":
-            init.append(f"self.{name} = nn.Dropout({r.choice([0.1, 0.5])})")
-            body.append(f"h = self.{name}(h)")
-        elif kind == "writes_buffers":
-            init.append(f"self.{name} = WritesBuffers()")
-            body.append(f"h = self.{name}(h)")
-        else:
-            init.append(f"self.{name} = Block({width})")
-            body.append(f"h = self.{name}(h)")
+            continue
+        made = {"batchnorm": f"nn.BatchNorm1d({width})", "layernorm": f"nn.LayerNorm({width})",
+                "writes_buffers": "WritesBuffers()", "blocks": f"Block({width})"}.get(kind)
+        if made is None:                    # dropout, its rate drawn here
+            made = f"nn.Dropout({r.choice([0.1, 0.5])})"
+        init.append(f"self.{name} = {made}")
+        body.append(f"h = self.{name}(h)")
     if on["shared"] and linears:            # one module in two places, run twice
         again = r.choice(linears)
         init.append(f"self.again = self.{again}")
