@@ -439,7 +439,7 @@ class Offloaded:
             self.executor.evict_all()
             self.executor.end_pass()
         torch.cuda.synchronize(self.device)   # the homes are read below
-        values = self._values_back(to_cpu)    # may fail: nothing undone yet
+        values, states = self._values_back(to_cpu)   # may fail: nothing undone yet
         self._final_stats = self.residency_stats()
         for h in self._handles:
             h.remove()
@@ -447,7 +447,6 @@ class Offloaded:
             for m in u.members:
                 m.__dict__.pop("_apply", None)
         _LIVE.discard(self)
-        offload_training.forget(self)
         _C.release_cached_slots()             # the slots' device memory goes back
         self._finalizer.detach()
         _end_lease(self._lease)
@@ -459,6 +458,7 @@ class Offloaded:
                 v = values.pop(id(original))
                 standins[id(original)] = torch.nn.Parameter(v) if kind == "param" else v
         done = set(standins)                  # (a tied tensor is put back once)
+        back: Dict[int, torch.Tensor] = {}    # each parameter streamed -> the one put back
         with torch.no_grad():
             for (owner, name, kind), original in self._originals.items():
                 current = getattr(owner, name)
@@ -471,37 +471,48 @@ class Offloaded:
                 if kind == "param":
                     original.requires_grad_(current.requires_grad)
                     owner._parameters[name] = original
+                    back[id(current)] = original
                 else:
                     owner._buffers[name] = original
+        offload_training.hand_back(self, back, states)   # the optimizers step the module's
+        offload_training.forget(self)
         self.executor = self._lease.executor = None
         del self.module._torch_uvm_offloaded
 
-    def _values_back(self, to_cpu: bool) -> Dict[int, torch.Tensor]:
+    def _values_back(self, to_cpu: bool):
         """Each original's value where it goes back: on the CPU, over its
-        home (no copy); on a GPU, a copy, all made before any is put back."""
+        home (no copy); on a GPU, a copy, all made before any is put back.
+        And so the states its streamed optimizers keep of it
+        (offload_training.states_back)."""
         values: Dict[int, torch.Tensor] = {}
+        devices: Dict[int, torch.device] = {}   # each streamed parameter -> where it goes
+        states = {}
         gpu_bytes = 0
         try:
             with torch.no_grad():
-                for (owner, name, _), original in self._originals.items():
-                    if id(original) in values or _kept_memory(original, to_cpu):
-                        continue
+                for (owner, name, kind), original in self._originals.items():
                     current = getattr(owner, name).detach()
                     device = torch.device("cpu") if to_cpu or original.is_meta \
                         else original.device
+                    if kind == "param":
+                        devices[id(getattr(owner, name))] = device
+                    if id(original) in values or _kept_memory(original, to_cpu):
+                        continue
                     if device.type == "cpu":
                         values[id(original)] = _on_cpu_without_copy(current)
                     else:
                         gpu_bytes += current.nbytes
                         values[id(original)] = current.to(device, copy=True)
+                states = offload_training.states_back(self, devices)
         except torch.OutOfMemoryError as e:
             values.clear()                    # (a traceback kept would hold them)
+            states = {}
             raise torch.OutOfMemoryError(
                 f"torch_uvm: undo() puts the module's tensors back on the GPU they came from, "
                 f"and they do not fit there now (out of memory after {gpu_bytes} bytes). The "
                 f"module is still offloaded: free GPU memory and call undo() again, or move "
                 f"it to the CPU (module.cpu() undoes the offload there). {e}") from None
-        return values
+        return values, states
 
 
 def _kept_memory(original: torch.Tensor, to_cpu: bool) -> bool:

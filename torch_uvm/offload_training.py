@@ -513,6 +513,44 @@ def step(handle: "Offloaded", optimizer: torch.optim.Optimizer, original_step,
             handle.executor.end_pass()
 
 
+def states_back(handle: "Offloaded", devices: Dict[int, torch.device]) -> Dict[tuple, dict]:
+    """On undo: the states each streamed optimizer keeps of a streamed
+    parameter, where the parameter goes back (`devices`, by the streamed
+    parameter's id): on the CPU, over their homes (no copy); on a GPU,
+    copies there. Made before anything is put back (may run out of memory)."""
+    moved = {}
+    for optimizer, _ in handle._optimizers:
+        for p, st in optimizer.state.items():
+            device = devices.get(id(p))
+            if device is None:
+                continue
+            new = dict(st)
+            for key, t in st.items():
+                if not isinstance(t, torch.Tensor) or (key == "step" and not t.is_cuda):
+                    continue                  # (a step count stays on the CPU, as PyTorch's)
+                at_home = t.is_cuda and _C.is_pinned_home(t)   # (a CUDA tensor in host memory)
+                if device.type == "cpu":
+                    new[key] = _on_cpu(t) if t.is_cuda else t
+                elif at_home or t.device != device:
+                    new[key] = t.detach().to(device, copy=True)
+            moved[(id(optimizer), id(p))] = new
+    return moved
+
+
+def hand_back(handle: "Offloaded", back: Dict[int, torch.Tensor], moved: Dict[tuple, dict]) -> None:
+    """On undo: each streamed optimizer steps the parameters put back
+    (`back`, by the streamed parameter's id), its states keyed by them and
+    where they are (states_back). Else it would go on stepping tensors no
+    module holds, and the module's own not at all."""
+    for optimizer, _ in handle._optimizers:
+        for group in optimizer.param_groups:
+            group["params"] = [back.get(id(p), p) for p in group["params"]]
+        state = optimizer.state
+        for p in [p for p in state if id(p) in back]:
+            st = state.pop(p)
+            state[back[id(p)]] = moved.get((id(optimizer), id(p)), st)
+
+
 def forget(handle: "Offloaded") -> None:
     """On undo: the optimizers' step is theirs again."""
     handle._host.close()

@@ -173,6 +173,10 @@ class StreamExecutor {
     // its unit ran while it sat in its slot, the budget marks it written
     // (note_ran), and it goes home when it leaves.
     bool buffer = false;
+    // A buffer its unit's run read in place, from its home, and may have
+    // written there on the compute stream (ran_at_home): a bring of it
+    // waits for the compute streams first.
+    bool written_at_home = false;
     // The compute streams its slot was used on since it arrived (a step may
     // run on a stream of its own): what it leaves after.
     std::vector<c10::cuda::CUDAStream> used_on;
@@ -198,7 +202,10 @@ class StreamExecutor {
 
   c10::cuda::CUDAStream compute() const;
   void note_use(const std::vector<int>& ids);  // the current stream uses their slots
-  void note_ran(const std::vector<int>& ids);  // their unit runs: buffers may be written
+  // Their unit runs, from their slots (note_ran) or reading their homes in
+  // place (ran_at_home): its buffers may be written.
+  void note_ran(const std::vector<int>& ids);
+  void ran_at_home(const std::vector<int>& ids);
   // An entry's streams, and the current one (the caller's next work).
   std::vector<c10::cuda::CUDAStream> streams_of(int id) const;
   // compute_done_: the work so far of the current stream and of every

@@ -108,14 +108,17 @@ bool StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAS
                                    bool optional, bool if_free,
                                    const std::function<void(std::size_t)>& copying) {
   optional = optional || if_free;
-  // A home written in place on the compute stream (DDP's averaged gradient)
-  // is copied after that write.
+  // A home written in place on the compute stream (DDP's averaged gradient,
+  // a buffer its unit's run read in place: ran_at_home) is copied after
+  // that write.
+  bool wait = false;
   for (int id : ids) {
-    if (entries_[id].tensor->written_at_home()) {
-      record_done(ids);
-      compute_done_.block(stream_ref(stream));
-      break;
-    }
+    wait = wait || entries_[id].written_at_home || entries_[id].tensor->written_at_home();
+    entries_[id].written_at_home = false;
+  }
+  if (wait) {
+    record_done(ids);
+    compute_done_.block(stream_ref(stream));
   }
   if (!arena_) arena_ = make_slot_arena(arena_bytes(budget_.share_stats(share_).limit),
                                         bring_stream_);

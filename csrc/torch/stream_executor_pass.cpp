@@ -33,7 +33,10 @@ void StreamExecutor::before(int unit, bool backward) {
   u.running = true;
   u.running_backward = backward;
   if (planned_) let_go_of_passed(unit, backward);
-  if (in_place_ && !u.resident) return;  // read where it lives
+  if (in_place_ && !u.resident) {  // read where it lives
+    ran_at_home(u.tensors);
+    return;
+  }
   if (u.staged) {
     u.staged = false;  // its holds pass to this run
     staged_.erase(std::find(staged_.begin(), staged_.end(), unit));
@@ -67,6 +70,15 @@ void StreamExecutor::before(int unit, bool backward) {
 void StreamExecutor::note_ran(const std::vector<int>& ids) {
   for (int id : ids) {
     if (entries_[id].buffer && entries_[id].tensor->in_slot()) budget_.mark_written(key(id));
+  }
+}
+
+// Its buffers read in place may be written in their homes, on the compute
+// stream, their versions unmoved: a bring of them waits for it
+// (bring_entries), or it could copy what was there before.
+void StreamExecutor::ran_at_home(const std::vector<int>& ids) {
+  for (int id : ids) {
+    if (entries_[id].buffer) entries_[id].written_at_home = true;
   }
 }
 

@@ -934,6 +934,38 @@ def test_clipping_after_the_default_step_gives_the_all_resident_weights(uvm):
     assert all(n > 1.0 for n in norms[0])            # it did clip
 
 
+@in_backward
+def test_training_goes_on_after_undo_with_the_same_optimizer(uvm, in_backward):
+    """undo() hands the streamed optimizer the module's parameters back, with
+    their states on the GPU the module came from: training on with it after
+    undo gives all resident's weights and states bit for bit (it stepped the
+    offload's parameters, no module's, the module's weights unchanged)."""
+    batches = data(4)
+    make = lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3)
+    reference = make_model(width=1024).cuda()
+    ref_opt = make(reference)
+    want = train(reference, ref_opt, batches)[0]
+    model = make_model(width=1024).cuda()
+    handle = uvm.offload(model, budget=24 * MiB)
+    optimizer = handle.stream_optimizer(make(model), step_in_backward=in_backward)
+    got = train(model, optimizer, batches[:2])[0]
+    handle.undo()
+    got += train(model, optimizer, batches[2:])[0]
+    torch.cuda.synchronize()
+    assert got == want
+    params = list(model.parameters())
+    assert all(a is b for a, b in zip(
+        [p for g in optimizer.param_groups for p in g["params"]], params))
+    for p, q in zip(params, reference.parameters()):
+        assert torch.equal(p, q)
+        mine, theirs = optimizer.state[p], ref_opt.state[q]
+        assert mine.keys() == theirs.keys()
+        for key in theirs:
+            assert torch.equal(mine[key].cpu(), theirs[key].cpu()), key
+            if key != "step":
+                assert where(mine[key]) == "gpu", key   # the driver's word, not pinned homes
+
+
 @pytest.mark.parametrize("clip", ["clip_grad_norm_", "clip_grad_value_"])
 def test_clipping_gradients_that_stepped_in_backward_is_refused(uvm, clip):
     """With step_in_backward the gradients stepped and are gone by the time
