@@ -596,7 +596,8 @@ MUTANTS = [
      "  }\n  after(unit);",
      [OFFLOAD + "test_a_gradient_read_right_after_it_went_home_is_the_gradient"]),
     ("a bring does not wait for writes at home", "csrc/torch/stream_executor_memory.cpp",
-     "    if (entries_[id].tensor->written_at_home()) {", "    if (false) {",
+     "    wait = wait || entries_[id].written_at_home || entries_[id].tensor->written_at_home();",
+     "    wait = wait || entries_[id].written_at_home;",
      [OFFLOAD + "test_a_forward_brings_weights_written_at_home_after_the_write"]),
     ("a step's bring does not wait for what came before the step", "csrc/torch/stream_executor_training.cpp",
      "  step_inputs_.block(stream_ref(bring_stream_));", "",
@@ -629,8 +630,8 @@ MUTANTS = [
      "    return (False\n",
      [OFFLOAD + "test_undo_writes_back_into_a_tensor_held_elsewhere"]),
     ("undo puts back what fits and fails half-way", "torch_uvm/offload.py",
-     "        values = self._values_back(to_cpu)    # may fail: nothing undone yet",
-     "        values = {}",
+     "        values, states = self._values_back(to_cpu)   # may fail: nothing undone yet",
+     "        values, states = {}, {}",
      [OFFLOAD + "test_undo_that_cannot_put_the_weights_back_on_the_gpu_leaves_the_module_offloaded"]),
     # A forward's writes to buffers that move no version counter (BatchNorm's
     # running statistics, a write through .data) are lost, as before they

@@ -528,10 +528,9 @@ def states_back(handle: "Offloaded", devices: Dict[int, torch.device]) -> Dict[t
             for key, t in st.items():
                 if not isinstance(t, torch.Tensor) or (key == "step" and not t.is_cuda):
                     continue                  # (a step count stays on the CPU, as PyTorch's)
-                at_home = t.is_cuda and _C.is_pinned_home(t)   # (a CUDA tensor in host memory)
                 if device.type == "cpu":
                     new[key] = _on_cpu(t) if t.is_cuda else t
-                elif at_home or t.device != device:
+                elif t.is_cuda or t.device != device:   # (a CUDA tensor may be in host memory)
                     new[key] = t.detach().to(device, copy=True)
             moved[(id(optimizer), id(p))] = new
     return moved
