@@ -644,7 +644,7 @@ MUTANTS = [
      "csrc/torch/stream_executor_memory.cpp",
      "    wait = wait || entries_[id].written_at_home || entries_[id].tensor->written_at_home();",
      "    wait = wait || entries_[id].tensor->written_at_home();",
-     [FORWARD_WRITES + "::test_a_forward_writes_to_buffers_persist_without_grad"]),
+     [FORWARD_WRITES + "::test_a_buffer_written_in_its_home_is_brought_after_the_write"]),
     ("undo leaves the streamed optimizer stepping the offload's parameters",
      "torch_uvm/offload.py",
      "        offload_training.hand_back(self, back, states)", "        pass",

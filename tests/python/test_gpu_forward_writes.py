@@ -48,17 +48,17 @@ class LastMean(torch.nn.Module):
         return x
 
 
-class LastMost(torch.nn.Module):
-    """Keeps the largest magnitude of its last input in a buffer, written
-    through .data alone: no version of its unit's moves (BatchNorm's
-    num_batches_tracked moves, and so does LastMean's count)."""
+class Tally(torch.nn.Module):
+    """Adds the largest magnitude of each input to a buffer, through .data
+    alone: no version of its unit's moves (BatchNorm's num_batches_tracked
+    moves, and so does LastMean's count), and a write lost shows."""
 
     def __init__(self):
         super().__init__()
-        self.register_buffer("most", torch.zeros(()))
+        self.register_buffer("total", torch.zeros(()))
 
     def forward(self, x):
-        self.most.data.copy_(x.detach().abs().amax())
+        self.total.data.add_(x.detach().abs().amax())
         return x
 
 
@@ -68,7 +68,7 @@ def conv_bn_net(layers=10, width=64):
     for _ in range(layers):
         blocks += [torch.nn.Conv2d(width, width, 3, padding=1), torch.nn.BatchNorm2d(width),
                    torch.nn.ReLU()]
-    return torch.nn.Sequential(*blocks, LastMean(), LastMost(), torch.nn.AdaptiveAvgPool2d(1),
+    return torch.nn.Sequential(Tally(), *blocks, LastMean(), Tally(), torch.nn.AdaptiveAvgPool2d(1),
                                torch.nn.Flatten(), torch.nn.Linear(width, 10))
 
 
@@ -170,8 +170,39 @@ def test_a_forward_writes_to_buffers_persist_without_grad(uvm, mode):
         m.outs = outs
     torch.cuda.synchronize()
     assert some_streamed(handle)
-    assert "31" in [u.name for u in handle.resident_units()]   # LastMost: brought by the plan
+    assert "32" in [u.name for u in handle.resident_units()]   # a Tally: brought by the plan
     assert all(torch.equal(a, b) for a, b in zip(model.outs, reference.outs))
     assert_same(everything(model), everything(reference))
     handle.undo()
     assert_same(everything(model), everything(reference))
+
+
+def test_a_buffer_written_in_its_home_is_brought_after_the_write(uvm):
+    """mode="in_place": a forward without grad in train() reads the streamed
+    units in place, and a Tally writes its buffer in its home on the compute
+    stream, the GPU behind the host (a sleep queued first). The training
+    forward after it plans anew and brings the first units to stay, that
+    Tally among them: the copy is made after the write, and the buffers,
+    weights and momenta equal all resident's."""
+    data = batches(steps=3, seed=5)
+    make = lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    reference = conv_bn_net().cuda()
+    model = conv_bn_net()
+    handle = uvm.offload(model, budget=total_bytes(model) * 3 // 4, mode="in_place")
+    pairs = [(reference, make(reference)), (model, handle.stream_optimizer(make(model)))]
+    for m, optimizer in pairs:
+        m.train()
+        with torch.no_grad():
+            m(data[0][0])                 # the plan for inference: the last units stay
+        if m is model:
+            assert "0" not in [u.name for u in handle.resident_units()]
+        torch.cuda.synchronize()
+        torch.cuda._sleep(1 << 28)        # (about a tenth of a second)
+        with torch.no_grad():
+            m(data[1][0])                 # read in place: the Tally adds in its home
+        x, y = data[2]
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+        optimizer.step()
+    torch.cuda.synchronize()
+    assert "0" in [u.name for u in handle.resident_units()]   # the first units stay now
+    assert_same(everything(model, pairs[1][1]), everything(reference, pairs[0][1]))
