@@ -430,7 +430,7 @@ def measure(scenario, variant):
                 optimizer.zero_grad()
 
         def spans():
-            host = [(f"torch_uvm::host_step {n}", a, b) for n, a, b in handle._host.spans()] \
+            host = [(f"torch_uvm::host_step {n}", a, b) for n, a, b in handle.state.host_steps.spans()] \
                 if uvm else []
             return marks + host
         trace = os.path.join(where, f"{scenario}_{variant}.json")
@@ -462,8 +462,8 @@ def measure(scenario, variant):
         extra["host_step_per_step"] = {k: (host_after[k] - host_before[k]) / (conf["steps"] - 1)
                                        for k in host_after}
         if handle.host_step:     # what it ran with (the variables a variant or the caller set)
-            extra["host_step_settings"] = {"copies_share": handle._host.copies_share,
-                                           "threads": handle._host._threads}
+            extra["host_step_settings"] = {"copies_share": handle.state.host_steps.copies_share,
+                                           "threads": handle.state.host_steps.threads}
         extra.update({"peak_resident_bytes": after["resident_bytes.peak"],
                  "resident_units": len(resident), "units": len(handle.units),
                  "resident_weight_bytes": sum(u.nbytes for u in resident),

@@ -223,9 +223,8 @@ def reset_peak_memory_stats() -> None:
     """Reset every ``*.peak`` statistic to its current value (the residency
     budgets' and the slots' too)."""
     _C.reset_peak_memory_stats()
-    from .residency import _BUDGET
     for d in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
-        _BUDGET.reset_peak(d)
+        _C.residency_budget().reset_peak(d)
         if _C.is_enabled():
             _C.reset_slot_memory_peak(d)
 

@@ -50,7 +50,7 @@ from typing import Deque, Dict, List, Optional, Tuple
 
 import torch
 
-from .offload import _host_available
+from .offload import host_available
 
 DEFAULT_MIN_BYTES = 1 << 20
 DEFAULT_WINDOW = 512 << 20
@@ -119,7 +119,7 @@ def _pinned_home(t: torch.Tensor) -> torch.Tensor:
     try:
         return torch.empty_like(t, device="cpu", pin_memory=True)
     except RuntimeError as e:
-        free = _host_available()
+        free = host_available()
         raise torch.OutOfMemoryError(
             f"torch_uvm.offload_activations: cannot pin {_nbytes(t)} bytes of host memory for "
             f"a saved activation ({tuple(t.shape)}, {t.dtype}); the host has "

@@ -25,10 +25,11 @@ _WATCHED: "weakref.WeakSet" = weakref.WeakSet()
 _NAMES = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_")
 
 
-def watch(handle) -> None:
-    """`handle` steps in backward: PyTorch's clipping checks its parameters
-    from now on (the functions are wrapped once per process)."""
-    _WATCHED.add(handle)
+def watch(state) -> None:
+    """An offload (its OffloadState) steps in backward: PyTorch's clipping
+    checks its parameters from now on (the functions are wrapped once per
+    process)."""
+    _WATCHED.add(state)
     _wrap_once()
 
 

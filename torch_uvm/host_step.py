@@ -47,8 +47,8 @@ from torch.optim.adam import adam
 from . import _C
 
 if TYPE_CHECKING:
-    from .offload import Offloaded
-    from .offload_units import _Unit
+    from .offload_state import OffloadState
+    from .offload_units import Unit
 
 
 def check(optimizer: torch.optim.Optimizer, host_step) -> float:
@@ -153,15 +153,15 @@ def copies_share() -> float:
     return share
 
 
-def choose(handle: "Offloaded") -> List["_Unit"]:
+def choose(state: "OffloadState") -> List["Unit"]:
     """The units that step on the host now: the streamed ones last in the
-    forward's order, `handle.host_step` of the streamed trainable bytes
+    forward's order, `state.host_step` of the streamed trainable bytes
     (a unit is taken when at least half of it falls within the share)."""
-    if not handle.host_step or not handle.learned:
+    if not state.host_step or not state.learned:
         return []
-    streamed = [u for u in handle.units_in_order()
-                if not handle.executor.resident(u.index) and u.trainable]
-    want = handle.host_step * sum(u.trainable_bytes for u in streamed)
+    streamed = [u for u in state.units_in_order()
+                if not state.executor.resident(u.index) and u.trainable]
+    want = state.host_step * sum(u.trainable_bytes for u in streamed)
     chosen, taken = [], 0
     for u in reversed(streamed):
         if taken + u.trainable_bytes / 2 > want:
@@ -239,7 +239,12 @@ class HostSteps:
                          "copy_wait_seconds": 0.0}
         self._spans: collections.deque = collections.deque(maxlen=4096)   # spans()
 
-    def submit(self, handle: "Offloaded", unit: "_Unit", optimizers, in_backward: bool) -> bool:
+    @property
+    def threads(self) -> int:
+        """The host threads its steps take (threads(); 0 before the first)."""
+        return self._threads
+
+    def submit(self, state: "OffloadState", unit: "Unit", optimizers, in_backward: bool) -> bool:
         """Queues `unit`'s step on the host, for each of `optimizers` (the
         (optimizer, its own step) pairs stepping it), after the copies home
         queued so far (its gradients') and the compute stream's work so far
@@ -252,7 +257,7 @@ class HostSteps:
         None from then on (the host holds them until its step). Returns
         False, queuing nothing, where its weights or gradients are not all
         at home (held on the GPU): the caller steps it on the GPU."""
-        executor = handle.executor
+        executor = state.executor
         self.wait_unit(unit.index)      # its last, were it pending
         executor.evict_unit(unit.index)
         params = [p for p in unit.trainable if p.grad is not None]
@@ -282,12 +287,12 @@ class HostSteps:
         ready[1].record(torch.cuda.current_stream(self.device))
         if in_backward:
             self._copy_under_way(ready[0], sum(p.grad.nbytes for p in params),
-                                 int(self.copies_share * handle.budget))
+                                 int(self.copies_share * state.budget))
         if self._worker is None:
             self._threads = threads()
             self._worker = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="torch_uvm_host_step")
-        rank = handle.forward_rank(unit)
+        rank = state.forward_rank(unit)
         item = _Queued(unit.index, unit.name, rank, ready, work)
         with self._lock:
             self._waiting.append(item)

@@ -23,9 +23,10 @@ import torch
 from . import _C, clipping, offload_training
 from . import host_step as host_step_module
 from . import checkpoint as _checkpoint
-from .offload_units import _Unit, direct_tensors as _direct_tensors, make_units, offload_plan, \
+from .offload_state import OffloadState, window_bytes, window_units
+from .offload_units import Unit, direct_tensors as _direct_tensors, make_units, offload_plan, \
     unit_roots
-from .residency import _cuda, _end_lease, _open_lease, _span_bytes, get_residency_limit
+from .residency import cuda_device, end_lease, open_lease, span_bytes, get_residency_limit
 
 
 MODES = ("auto", "in_place", "prefetch")
@@ -37,16 +38,6 @@ IN_PLACE_MAX_ROWS = 128
 # move it at 55 (FINDINGS.md): in place moves a byte at this share of the
 # link's speed. For such inputs "auto" weighs it against prefetch's window.
 IN_PLACE_SPEED = 0.9
-# What training streams beside the resident prefix, in units of the largest
-# submodule: `ahead + 1` submodules' weights, and one submodule's gradients
-# and two optimizer states while it steps (needed); and the submodule's
-# before it, whose weights and states are still on their way home (their
-# memory counts until the copies pass: room for them lets the link's two
-# directions overlap, where a step would otherwise wait for the last one's).
-TRAINING_EXTRA = 3
-TRAINING_HOMES = 3
-
-
 def _rows(obj) -> int:
     """The most rows (tokens) among the tensors in a module's inputs: an
     integer tensor's elements (ids, each becomes a row), a float tensor's
@@ -73,25 +64,6 @@ def faster_mode(in_place_bytes: int, prefetch_bytes: int) -> str:
     return "prefetch" if prefetch_bytes * IN_PLACE_SPEED < in_place_bytes else "in_place"
 
 
-def window_units(mode: str, training: bool, ahead: int, homes: bool = True) -> Tuple[int, int]:
-    """What streaming needs beside the resident units: so many of the
-    largest streamed submodule (the one running and those brought ahead),
-    and so many of the largest submodule (a step's gradients and states,
-    and, `homes`, the last step's copies home)."""
-    if training:
-        return ahead + 1, TRAINING_EXTRA + (TRAINING_HOMES if homes else 0)
-    return (0 if mode == "in_place" else ahead + 1), 0
-
-
-def window_bytes(mode: str, training: bool, ahead: int, largest: int,
-                 largest_trainable: int = 0) -> int:
-    """The least budget streaming needs beside the resident units: its
-    window when the largest submodule streams, and a step of the largest
-    trainable part (without room for copies home, which it then waits for)."""
-    per_streamed, per_any = window_units(mode, training, ahead, homes=False)
-    return per_streamed * largest + per_any * largest_trainable
-
-
 # The offloads not undone (an optimizer over two of them is refused by name).
 _LIVE: "weakref.WeakSet[Offloaded]" = weakref.WeakSet()
 
@@ -113,45 +85,45 @@ def _cast_cache_back(handle: "Offloaded") -> None:
 
 
 class Offloaded:
-    """What :func:`offload` did to a module; :meth:`undo` reverses it."""
+    """What :func:`offload` did to a module; :meth:`undo` reverses it. Its
+    forward hooks are its methods; its state (settings, units, executor,
+    optimizers, passes) is one OffloadState (offload_state.py), which
+    backward, the streamed optimizer and the host's steps take too."""
 
-    def __init__(self, module, device, budget, ahead, mode, units, handles, originals, lease):
-        self.module, self.device, self.budget, self.ahead = module, device, budget, ahead
-        self.mode = mode              # "auto" until the first forward decides
-        self._asked = mode
+    def __init__(self, state: OffloadState, originals, lease):
+        self.state = state
         self._cast_cache_was: List[bool] = []   # the autocast cache's setting before each forward
-        self._choose = False          # auto, small inputs: in place or prefetch after it
-        self.units: List[_Unit] = units
-        self.training = False         # planned for training (a forward built a graph)
-        self._planned_step = 0        # the largest trainable bytes the plan made room for
-        self._ranks: Optional[Dict[int, int]] = None   # forward_rank's, once planned
-        self.executor = None          # made by the first forward, once the mode is known
-        self.step_in_backward = False
-        self._handles = handles
         self._originals = originals
         self._lease = lease
         # dropped without undo: its share is given back when it is collected
-        self._finalizer = weakref.finalize(self, _end_lease, lease)
+        self._finalizer = weakref.finalize(self, end_lease, lease)
         self._finalizer.atexit = False
-        self._optimizers: List[tuple] = []   # (optimizer, its own step)
-        self.host_step = 0.0                 # the share of streamed units stepped on the host
-        self._host = host_step_module.HostSteps(device)
-        self._backward = offload_training.BackwardState()
         self._final_stats = None             # residency_stats() when undone
-        self._param_ids: set = set()         # the streamed parameters' ids (install)
-        self._hooked: set = set()            # ids of those with our gradient hook
         # the ids of every tensor it streams and of those they replaced (it
         # holds them all, so no id is reused while it lives)
-        self._tensor_ids = {id(t) for u in units for t in u.targets} | \
-            {id(t) for t in originals.values()}
+        self._tensor_ids = {id(t) for u in state.units for t in u.targets} | state.replaced_ids
 
-    @property
-    def learned(self) -> bool:
-        return self.executor is not None and self.executor.planned()
+    # The offload as its user sees it (read only: the state's).
+    module = property(lambda self: self.state.module, doc="The offloaded module.")
+    device = property(lambda self: self.state.device, doc="The GPU it streams to.")
+    budget = property(lambda self: self.state.budget, doc="Its budget, in bytes.")
+    ahead = property(lambda self: self.state.ahead, doc="Submodules brought ahead.")
+    mode = property(lambda self: self.state.mode,
+                    doc='"in_place" or "prefetch" ("auto" until the first forward chose).')
+    units = property(lambda self: self.state.units, doc="What streams as one (offload_units.py).")
+    executor = property(lambda self: self.state.executor,
+                        doc="The C++ executor, made by the first forward.")
+    training = property(lambda self: self.state.training,
+                        doc="Planned for training (a forward built a graph).")
+    step_in_backward = property(lambda self: self.state.step_in_backward)
+    host_step = property(lambda self: self.state.host_step,
+                         doc="The share of the streamed units that step on the host.")
+    learned = property(lambda self: self.state.learned,
+                       doc="Whether the first forward ran and the plan is made.")
 
-    def resident_units(self) -> List[_Unit]:
+    def resident_units(self) -> List[Unit]:
         """The submodules that stay on the GPU (after the first forward)."""
-        return [u for u in self.units if self.learned and self.executor.resident(u.index)]
+        return self.state.resident_units()
 
     def holds_any(self, tensors) -> bool:
         """Whether any of `tensors` is this offload's: one it streams, or
@@ -160,12 +132,8 @@ class Offloaded:
 
     def stepped_in_backward(self, params) -> List[str]:
         """The names of the submodules among `params`' whose gradients
-        stepped in this backward (step_in_backward) and are gone until the
-        next backward: what a clipping of them would not see."""
-        if not (self.step_in_backward and self._backward.stepped_since_step):
-            return []
-        ids = {id(p) for p in params}
-        return [u.name for u in self.units if u.stepped and any(id(p) in ids for p in u.params)]
+        stepped in this backward (step_in_backward), gone until the next."""
+        return self.state.stepped_in_backward(params)
 
     def host_step_stats(self) -> dict:
         """stream_optimizer's host_step so far: ``units`` stepped on the
@@ -173,37 +141,33 @@ class Offloaded:
         caller spent waiting for it (what the host added to the step),
         ``copy_wait_seconds`` the backward spent waiting for gradients'
         copies home."""
-        return self._host.stats()
+        return self.state.host_steps.stats()
 
-    def host_stepped_units(self) -> List[_Unit]:
+    def host_stepped_units(self) -> List[Unit]:
         """The submodules whose weights step on the host now
         (stream_optimizer's host_step), the last in the forward's order
         first; none before the first forward plans."""
-        return host_step_module.choose(self)
+        return host_step_module.choose(self.state)
 
-    def units_in_order(self) -> List[_Unit]:
+    def units_in_order(self) -> List[Unit]:
         """The submodules in the order the first forward ran them."""
-        if not self.learned:
-            return list(self.units)
-        return [self.units[i] for i in self.executor.order()]
+        return self.state.units_in_order()
 
     def wait_for_host_steps(self) -> None:
         """Every step the host was given is done (with
         ``stream_optimizer(non_blocking=True)``, before reading or writing
         the offloaded weights or the optimizer's states other than by a forward,
         a ``state_dict`` or a ``load_state_dict``)."""
-        self._host.wait()
+        self.state.host_steps.wait()
 
-    def forward_rank(self, unit: _Unit) -> int:
+    def forward_rank(self, unit: Unit) -> int:
         """The unit's place in the order the first forward ran them."""
-        if self._ranks is None:
-            self._ranks = {u.index: k for k, u in enumerate(self.units_in_order())}
-        return self._ranks.get(unit.index, len(self.units))
+        return self.state.forward_rank(unit)
 
     def bytes_on_gpu(self) -> int:
         """The bytes of the module's weights in GPU memory now."""
-        return 0 if self.executor is None else \
-            sum(self.executor.bytes_on_gpu(u.index) for u in self.units)
+        return 0 if self.state.executor is None else \
+            sum(self.state.executor.bytes_on_gpu(u.index) for u in self.state.units)
 
     def residency_stats(self) -> Dict[str, int]:
         """This offload's share: its budget, bytes resident (current and
@@ -217,10 +181,7 @@ class Offloaded:
         """The smallest budget this module streams in: `ahead + 1` of its
         largest submodule, and, training, a step of its largest trainable
         part (its weights, gradients and two states)."""
-        largest = max(u.nbytes for u in self.units)
-        trainable = max(u.trainable_bytes for u in self.units)
-        mode = "in_place" if self.mode == "in_place" else "prefetch"
-        return window_bytes(mode, training, self.ahead, largest, trainable)
+        return self.state.least_budget(training)
 
     def _begin(self, args, kwargs) -> None:
         """Before each forward; before the first, choose how its weights
@@ -230,90 +191,95 @@ class Offloaded:
         first) or made no room for a step as large as the trainable parts
         now need (parameters unfrozen). A forward without an optimizer
         (inference without no_grad) keeps its plan."""
+        state = self.state
         training = torch.is_grad_enabled()
         if training:
-            offload_training.follow_trainable(self)
+            offload_training.follow_trainable(state)
         # host steps not yet waited for (no optimizer.step() since, or a
         # non_blocking one: then each unit's forward waits for its own)
-        self._host.before_forward()
-        executor = self.executor
+        state.host_steps.before_forward()
+        executor = state.executor
         if executor is not None:
-            offload_training.end_failed_backward(self)
+            offload_training.end_failed_backward(state)
             executor.end_pass()   # what an interrupted pass left held
-            if training and self._optimizers and (
-                    not self.training or executor.largest_trainable() > self._planned_step):
-                self._host.wait()
+            if training and state.optimizers and (
+                    not state.training or executor.largest_trainable() > state.planned_step):
+                state.host_steps.wait()
                 self._plan_for_training()
             return
-        self.training = training
-        in_place = self.mode == "in_place"
-        if self.mode == "auto":
+        state.training = training
+        in_place = state.mode == "in_place"
+        if state.mode == "auto":
             in_place = not training and _rows((args, kwargs)) <= IN_PLACE_MAX_ROWS
-            self._choose = in_place   # the first forward reads in place; "auto" chooses after it
-        executor = _C.StreamExecutor(self._lease.share, self.device, self.ahead, in_place,
-                                     self.training)
-        for u in self.units:
+            state.choose = in_place   # the first forward reads in place; "auto" chooses after it
+        executor = _C.StreamExecutor(self._lease.share, state.device, state.ahead, in_place,
+                                     state.training)
+        for u in state.units:
             u.index = executor.add_unit(u.name, u.targets, u.trainable, u.buffers)
-        self.executor = self._lease.executor = executor
+        state.executor = self._lease.executor = executor
 
     def _plan_for_training(self) -> None:
         """Everything leaves the GPU (written data goes home) and the plan is
         made again, for training, from the order the forwards ran in; or a
         clear refusal, before anything changes, if the budget cannot hold a
         step."""
-        need = self.least_budget(training=True)
-        if need > self.budget:
+        state = self.state
+        need = state.least_budget(training=True)
+        if need > state.budget:
             raise ValueError(
-                f"torch_uvm: a budget of {self.budget} bytes cannot train this module: "
-                f"{offload_training.why_budget(self, need)}")
-        self.training = True
-        self._choose = False
-        if self._asked == "auto":
-            self.mode = "prefetch"
-        executor = self.executor
+                f"torch_uvm: a budget of {state.budget} bytes cannot train this module: "
+                f"{offload_training.why_budget(state, need)}")
+        state.training = True
+        state.choose = False
+        if state.asked == "auto":
+            state.mode = "prefetch"
+        executor = state.executor
         planned = executor.planned()
         executor.evict_all()
         executor.set_training(True)
-        executor.set_in_place(self.mode == "in_place")
+        executor.set_in_place(state.mode == "in_place")
         if planned:
             self._plan()
 
     def _plan(self) -> None:
-        self.executor.plan(*window_units(self.mode, self.training, self.ahead))
-        self._planned_step = self.executor.largest_trainable()
-        self._ranks = None
+        state = self.state
+        state.executor.plan(*window_units(state.mode, state.training, state.ahead))
+        state.planned_step = state.executor.largest_trainable()
+        state.ranks = None
 
-    def _pre(self, unit: _Unit, args) -> None:
+    def _pre(self, unit: Unit, args) -> None:
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"torch_uvm: the offloaded module '{unit.name}' ran inside a CUDA "
                                "graph capture; streamed weights cannot be captured. Undo the "
                                "offload (or give it a budget that holds the whole model) first.")
-        if self.executor is None:      # a submodule called on its own first
+        state = self.state
+        if state.executor is None:      # a submodule called on its own first
             self._begin(args, {})
-        elif self._host.pending:    # (non_blocking: its own step; else every one, unless
+        elif state.host_steps.pending:  # (non_blocking: its own step; else every one, unless
             # a backward recomputes this forward, or it is called on its own before step())
-            self._host.before_forward(unit.index, recomputed=self._backward.active)
-        self.executor.before(unit.index, False)
+            state.host_steps.before_forward(unit.index, recomputed=state.backward.active)
+        state.executor.before(unit.index, False)
 
-    def _post(self, unit: _Unit, output=None) -> None:
-        if self.executor is None:
+    def _post(self, unit: Unit, output=None) -> None:
+        if self.state.executor is None:
             return
-        self.executor.after(unit.index)
-        offload_training.after_forward(self, unit, output)
+        self.state.executor.after(unit.index)
+        offload_training.after_forward(self.state, unit, output)
 
     def _end_forward(self) -> None:
-        executor = self.executor
+        state = self.state
+        executor = state.executor
         if executor is None:
             return
         if not executor.planned():
-            if self._choose:   # the first forward's order gives what each would stream
-                self.mode = faster_mode(
-                    executor.streamed_per_pass(*window_units("in_place", False, self.ahead)),
-                    executor.streamed_per_pass(*window_units("prefetch", False, self.ahead)))
-                executor.set_in_place(self.mode == "in_place")
-                self._choose = False
-            elif self.mode == "auto":
-                self.mode = "prefetch"
+            if state.choose:   # the first forward's order gives what each would stream
+                state.mode = faster_mode(
+                    executor.streamed_per_pass(*window_units("in_place", False, state.ahead)),
+                    executor.streamed_per_pass(*window_units("prefetch", False, state.ahead)))
+                executor.set_in_place(state.mode == "in_place")
+                state.choose = False
+            elif state.mode == "auto":
+                state.mode = "prefetch"
             self._plan()
         executor.end_pass()
 
@@ -364,18 +330,20 @@ class Offloaded:
         the optimizer's states in another way before the next forward calls
         ``handle.wait_for_host_steps()`` first. Every optimizer of one
         offload takes the same `non_blocking`."""
+        state = self.state
         offload_training.check_optimizer(
-            self, optimizer, [h for h in list(_LIVE) if h is not self])
+            state, optimizer, [h.state for h in list(_LIVE) if h is not self])
         share = host_step_module.check(optimizer, host_step)
-        host_step_module.check_non_blocking(non_blocking, share or self.host_step,
-                                            self._host.non_blocking if self._optimizers else None)
-        if share and self.host_step and share != self.host_step:
+        host_step_module.check_non_blocking(non_blocking, share or state.host_step,
+                                            state.host_steps.non_blocking if state.optimizers
+                                            else None)
+        if share and state.host_step and share != state.host_step:
             raise ValueError(
-                f"torch_uvm: this offload steps {self.host_step} of its streamed submodules on "
+                f"torch_uvm: this offload steps {state.host_step} of its streamed submodules on "
                 f"the host for another optimizer; every optimizer of one offload takes the same "
                 f"host_step (got {host_step})")
-        for other in [o for o, _ in self._optimizers] + [optimizer]:   # it steps them all
-            host_step_module.check(other, share or self.host_step)
+        for other in [o for o, _ in state.optimizers] + [optimizer]:   # it steps them all
+            host_step_module.check(other, share or state.host_step)
         if step_in_backward and torch.distributed.is_available() and \
                 torch.distributed.is_initialized():
             warnings.warn(
@@ -384,38 +352,39 @@ class Offloaded:
                 "gradients, before DistributedDataParallel averages them, so the replicas "
                 "drift apart. With DDP use step_in_backward=False (the default)", stacklevel=2)
         own = optimizer.step
-        self._optimizers.append((optimizer, own))
-        self.step_in_backward = bool(step_in_backward)
-        if self.step_in_backward:      # PyTorch's clipping of its gradients raises
-            clipping.watch(self)
-        self.host_step = share or self.host_step
+        state.optimizers.append((optimizer, own))
+        state.step_in_backward = bool(step_in_backward)
+        if state.step_in_backward:      # PyTorch's clipping of its gradients raises
+            clipping.watch(state)
+        state.host_step = share or state.host_step
         if share:
-            self._host.copies_share = host_step_module.copies_share()   # (check() read it)
-        if non_blocking and not self._host.non_blocking:
-            self._host.non_blocking = True
+            state.host_steps.copies_share = host_step_module.copies_share()   # (check() read it)
+        if non_blocking and not state.host_steps.non_blocking:
+            state.host_steps.non_blocking = True
             # a state_dict of the module, or of any part of it, reads the
             # homes, and a load_state_dict writes them: every host step first
-            ref = weakref.ref(self)      # (the modules hold their hooks)
+            ref = weakref.ref(state)     # (the modules hold their hooks)
 
             def settled(*_):
-                handle = ref()
-                if handle is not None:
-                    handle._host.wait()
-            for m in {id(u.module): u.module for u in self.units}.values():
-                self._handles.append(m.register_state_dict_pre_hook(settled))
-                self._handles.append(m.register_load_state_dict_pre_hook(settled))
-        offload_training.keep_states_home(self, optimizer)
+                alive = ref()
+                if alive is not None:
+                    alive.host_steps.wait()
+            for m in {id(u.module): u.module for u in state.units}.values():
+                state.hooks.append(m.register_state_dict_pre_hook(settled))
+                state.hooks.append(m.register_load_state_dict_pre_hook(settled))
+        offload_training.keep_states_home(state, optimizer)
         # a method, as LR schedulers expect of optimizer.step
         optimizer.step = types.MethodType(
             lambda opt, closure=None, **kwargs: self._step(opt, own, closure, kwargs), optimizer)
         return optimizer
 
     def _step(self, optimizer, own, closure, kwargs):
-        offload_training.check_params(self, optimizer, [h for h in list(_LIVE) if h is not self])
+        offload_training.check_params(self.state, optimizer,
+                                      [h.state for h in list(_LIVE) if h is not self])
         loss = None
         if closure is not None:
-            loss = offload_training.run_closure(self, closure)
-        offload_training.step(self, optimizer, own, kwargs)
+            loss = offload_training.run_closure(self.state, closure)
+        offload_training.step(self.state, optimizer, own, kwargs)
         return loss
 
     def undo(self) -> None:
@@ -434,22 +403,23 @@ class Offloaded:
         """undo(); `to_cpu`: every tensor back on the CPU (module.cpu())."""
         if self._final_stats is not None:
             return
-        self._host.wait()                     # the homes are written no more
-        if self.executor is not None:
-            self.executor.evict_all()
-            self.executor.end_pass()
-        torch.cuda.synchronize(self.device)   # the homes are read below
+        state = self.state
+        state.host_steps.wait()               # the homes are written no more
+        if state.executor is not None:
+            state.executor.evict_all()
+            state.executor.end_pass()
+        torch.cuda.synchronize(state.device)  # the homes are read below
         values, states = self._values_back(to_cpu)   # may fail: nothing undone yet
         self._final_stats = self.residency_stats()
-        for h in self._handles:
+        for h in state.hooks:
             h.remove()
-        for u in self.units:
+        for u in state.units:
             for m in u.members:
                 m.__dict__.pop("_apply", None)
         _LIVE.discard(self)
         _C.release_cached_slots()             # the slots' device memory goes back
         self._finalizer.detach()
-        _end_lease(self._lease)
+        end_lease(self._lease)
         # One that never had values (on the meta device, its values read from
         # a checkpoint) cannot take them: a new tensor over its home stands in.
         standins: Dict[int, torch.Tensor] = {}
@@ -474,10 +444,10 @@ class Offloaded:
                     back[id(current)] = original
                 else:
                     owner._buffers[name] = original
-        offload_training.hand_back(self, back, states)   # the optimizers step the module's
-        offload_training.forget(self)
-        self.executor = self._lease.executor = None
-        del self.module._torch_uvm_offloaded
+        offload_training.hand_back(state, back, states)   # the optimizers step the module's
+        offload_training.forget(state)
+        state.executor = self._lease.executor = None
+        del state.module._torch_uvm_offloaded
 
     def _values_back(self, to_cpu: bool):
         """Each original's value where it goes back: on the CPU, over its
@@ -503,7 +473,7 @@ class Offloaded:
                     else:
                         gpu_bytes += current.nbytes
                         values[id(original)] = current.to(device, copy=True)
-                states = offload_training.states_back(self, devices)
+                states = offload_training.states_back(self.state, devices)
         except torch.OutOfMemoryError as e:
             values.clear()                    # (a traceback kept would hold them)
             states = {}
@@ -542,7 +512,7 @@ def _on_cpu_without_copy(t: torch.Tensor) -> torch.Tensor:
     return t.to("cpu", copy=True)
 
 
-def _guard_conversions(handle: Offloaded, unit: _Unit, member: torch.nn.Module) -> None:
+def _guard_conversions(handle: Offloaded, unit: Unit, member: torch.nn.Module) -> None:
     """``module.cpu()`` / ``.to("cpu")`` of an offloaded module (Lightning
     does it at the end of fit) undoes the offload first: its tensors are
     then the module's own again, and move as usual. A conversion to another
@@ -602,7 +572,7 @@ def _make_replacements(plan, held: set, shared: Dict[int, torch.Tensor],
                     if t.numel() > 0 and t.device.type == "cpu" and id(t) not in held \
                             and id(t) not in found:
                         if _C.is_managed(t):
-                            freed += _span_bytes(t)
+                            freed += span_bytes(t)
                         t.data = _C.fresh_home_on_cpu(seen)
                         if freed >= RELEASE_EVERY:
                             _C.empty_cache()
@@ -644,7 +614,7 @@ def _refuse_nested(module: torch.nn.Module) -> None:
             f"nothing was changed")
 
 
-def _host_available() -> Optional[int]:
+def host_available() -> Optional[int]:
     """The host memory the kernel can give without swapping (MemAvailable),
     or None where /proc/meminfo does not say."""
     try:
@@ -720,7 +690,7 @@ def _check_host_room(module: torch.nn.Module, tensors: Dict[int, torch.Tensor],
     need = sum(t.numel() * t.element_size() for t in tensors.values())
     given_back = sum(t.numel() * t.element_size() for i, t in tensors.items()
                      if i not in held and i not in found and t.device.type == "cpu")
-    available = _host_available()
+    available = host_available()
     if available is not None and need > available + given_back:
         raise torch.OutOfMemoryError(
             f"torch_uvm: offloading {type(module).__name__} needs {need} bytes of pinned host "
@@ -800,7 +770,7 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
         raise ValueError(f"torch_uvm: offload mode must be one of {MODES}, got {mode!r}")
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("torch_uvm: cannot offload a module during a CUDA graph capture")
-    device = _cuda(device)
+    device = cuda_device(device)
     devices = {t.device for _, m in module.named_modules() for _, t, _ in _direct_tensors(m)}
     gpus = {d for d in devices if d.type == "cuda"}
     if len(gpus) > 1 or (gpus and next(iter(gpus)) != device):
@@ -844,7 +814,7 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     held = held_elsewhere(tensors, plan)
     _check_host_room(module, tensors, held, found)
     # Its own share of the GPU, or a clear refusal (nothing changed yet).
-    lease = _open_lease(device, budget, type(module).__name__)
+    lease = open_lease(device, budget, type(module).__name__)
     # Phase 1 makes every replacement and changes nothing the module's
     # users see, so a failure here (out of memory, say) leaves it as it
     # was. A tensor on the CPU reads its value in its new home from then
@@ -853,10 +823,10 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     try:
         _make_replacements(plan, held, shared, device, found)
     except BaseException:
-        _end_lease(lease)
+        end_lease(lease)
         raise
     # Phase 2 puts them in: dictionary stores, which cannot fail half-way.
-    originals, handles = {}, []
+    originals = {}
     for name, m, own, _ in plan:
         for tname, t, kind in own:
             originals[(m, tname, kind)] = t
@@ -870,7 +840,10 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
         if t.numel() > 0 and i not in held:
             freed = freed or _C.is_managed(t)
             t.data = torch.empty(0, dtype=t.dtype, device=t.device)
-    handle = Offloaded(module, device, budget, ahead, mode, units, handles, originals, lease)
+    state = OffloadState(module, device, budget, ahead, mode, units,
+                         host_step_module.HostSteps(device), {id(t) for t in originals.values()})
+    handle = Offloaded(state, originals, lease)
+    handles = state.hooks
     handles.append(module.register_forward_pre_hook(lambda _m, _a: _cast_cache_off(handle)))
     handles.append(module.register_forward_pre_hook(
         lambda _m, args, kwargs: handle._begin(args, kwargs), with_kwargs=True))
@@ -884,7 +857,7 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
     for u in units:
         for m in u.members:
             _guard_conversions(handle, u, m)
-    offload_training.install(handle)
+    offload_training.install(state)
     module._torch_uvm_offloaded = handle
     _LIVE.add(handle)
     # Managed memory goes to torch_uvm's cache as it frees: given back too

@@ -41,8 +41,8 @@ from torch.utils._pytree import tree_leaves
 from . import _C, host_step
 
 if TYPE_CHECKING:
-    from .offload import Offloaded
-    from .offload_units import _Unit
+    from .offload_state import OffloadState
+    from .offload_units import Unit
 
 # Room made on the GPU for an optimizer's first states, in parameters' bytes.
 FIRST_STATES = 2
@@ -54,18 +54,6 @@ FIRST_STATES = 2
 _STEPPED: "weakref.WeakKeyDictionary[torch.optim.Optimizer, set]" = weakref.WeakKeyDictionary()
 
 
-class BackwardState:
-    """What one offload knows of the backward under way."""
-    __slots__ = ("active", "frozen_running", "stepped_since_step", "step_stream", "on_host")
-
-    def __init__(self):
-        self.active = False           # a backward runs: its end is queued
-        self.frozen_running: List["_Unit"] = []   # brought, no gradient will release them
-        self.stepped_since_step = False           # step_in_backward stepped, step() not called
-        self.step_stream = None       # step_in_backward's steps run on it (made when first needed)
-        self.on_host: set = set()     # the indices of the units that step on the host (host_step)
-
-
 def _raise_with_note(e: BaseException, note: str):
     """Raises `e` again with torch_uvm's note on what it left (on Python
     before 3.11, a RuntimeError saying it, from `e`)."""
@@ -75,52 +63,52 @@ def _raise_with_note(e: BaseException, note: str):
     raise RuntimeError(note) from e
 
 
-def install(handle: "Offloaded") -> None:
+def install(state: "OffloadState") -> None:
     """Each submodule's parameters (a tied weight streams its gradient with
     its first user), and hooks for those that require grad now."""
     owner = set()
-    for u in handle.units:
+    for u in state.units:
         for p in (p for m in u.members for p in m._parameters.values()):
             if p is not None and id(p) not in owner:
                 owner.add(id(p))
                 u.params.append(p)
-    handle._param_ids = owner
-    handle._hooked = set()
-    follow_trainable(handle)
+    state.param_ids = owner
+    state.hooked = set()
+    follow_trainable(state)
 
 
-def follow_trainable(handle: "Offloaded") -> None:
+def follow_trainable(state: "OffloadState") -> None:
     """Each unit's trainable parameters as ``requires_grad`` says now
     (progressive unfreezing, a GAN's discriminator frozen for the
     generator's step): a hook after each accumulated gradient counts it,
     and when a submodule has all of its gradients they go to the executor."""
     # A tensor's hooks are held in C++, out of the collector's reach: one that
-    # held the handle (or a unit, which holds its module) would keep a module
+    # held the state (or a unit, which holds its module) would keep a module
     # dropped without undo alive for good. They hold a weak reference.
-    ref = weakref.ref(handle)
-    for i, u in enumerate(handle.units):
+    ref = weakref.ref(state)
+    for i, u in enumerate(state.units):
         now = [p for p in u.params if p.requires_grad]
         if len(now) == len(u.trainable) and all(a is b for a, b in zip(now, u.trainable)):
             continue
         for p in now:
-            if id(p) not in handle._hooked:
-                handle._hooked.add(id(p))
-                handle._handles.append(p.register_post_accumulate_grad_hook(
+            if id(p) not in state.hooked:
+                state.hooked.add(id(p))
+                state.hooks.append(p.register_post_accumulate_grad_hook(
                     lambda p, ref=ref, i=i: _on_grad(ref, i)))
         u.trainable = now
         u.grads_expected = len(now)
-        if handle.executor is not None:
-            handle.executor.set_trainable(u.index, now)
+        if state.executor is not None:
+            state.executor.set_trainable(u.index, now)
 
 
-def after_forward(handle: "Offloaded", unit: "_Unit", output) -> None:
+def after_forward(state: "OffloadState", unit: "Unit", output) -> None:
     """In a forward that builds a graph, hooks on `unit`'s outputs (tensors,
     containers, model outputs) run before its backward: the first one that
     fires brings the weights back."""
-    if not torch.is_grad_enabled() or handle.executor is None:
+    if not torch.is_grad_enabled() or state.executor is None:
         return
     armed = [True]
-    ref = weakref.ref(handle)
+    ref = weakref.ref(state)
 
     def hook(_grad):
         h = ref()
@@ -133,102 +121,102 @@ def after_forward(handle: "Offloaded", unit: "_Unit", output) -> None:
             t.register_hook(hook)
 
 
-def before_backward(handle: "Offloaded", unit: "_Unit") -> None:
-    state = handle._backward
-    if not state.active:
-        if handle.step_in_backward and state.stepped_since_step:
+def before_backward(state: "OffloadState", unit: "Unit") -> None:
+    backward = state.backward
+    if not backward.active:
+        if state.step_in_backward and backward.stepped_since_step:
             raise RuntimeError(
                 "torch_uvm: a second backward before optimizer.step(): with step_in_backward, "
                 "each submodule already stepped during the last backward. Call "
                 "optimizer.step() after every backward; to accumulate gradients over several, "
                 "use stream_optimizer(optimizer, step_in_backward=False)")
-        state.active = True
-        state.on_host = {u.index for u in host_step.choose(handle)}
-        ref = weakref.ref(handle)
+        backward.active = True
+        backward.on_host = {u.index for u in host_step.choose(state)}
+        ref = weakref.ref(state)
         torch.autograd.Variable._execution_engine.queue_callback(lambda: _end_backward(ref))
-    executor = handle.executor
+    executor = state.executor
     # submodules without gradients of their own were running: done by now
-    for u in state.frozen_running:
+    for u in backward.frozen_running:
         executor.after(u.index)
-    state.frozen_running.clear()
-    if handle._host.pending:     # (a graph built before a non_blocking step: its own first)
-        handle._host.wait_unit(unit.index)
+    backward.frozen_running.clear()
+    if state.host_steps.pending:     # (a graph built before a non_blocking step: its own first)
+        state.host_steps.wait_unit(unit.index)
     executor.before(unit.index, True)
     unit.grads_seen = 0
     if unit.grads_expected == 0:
-        state.frozen_running.append(unit)
+        backward.frozen_running.append(unit)
 
 
-def _on_grad(ref: "weakref.ref[Offloaded]", i: int) -> None:
-    handle = ref()
-    if handle is None or handle.executor is None:
+def _on_grad(ref: "weakref.ref[OffloadState]", i: int) -> None:
+    state = ref()
+    if state is None or state.executor is None:
         return
-    unit = handle.units[i]
+    unit = state.units[i]
     unit.grads_seen += 1
     if unit.grads_seen == unit.grads_expected:
-        _grads_complete(handle, unit)
+        _grads_complete(state, unit)
 
 
-def _grads_complete(handle: "Offloaded", unit: "_Unit") -> None:
-    executor = handle.executor
-    state = handle._backward
-    if not handle.step_in_backward or not handle._optimizers:
+def _grads_complete(state: "OffloadState", unit: "Unit") -> None:
+    executor = state.executor
+    backward = state.backward
+    if not state.step_in_backward or not state.optimizers:
         executor.grads_ready(unit.index, True)
         return
-    if unit.index in state.on_host:
+    if unit.index in backward.on_host:
         # home without the backward waiting for the copy; if the host cannot
         # take it now, optimizer.step() steps it
         executor.grads_ready(unit.index, True, False)
-        if handle._host.submit(handle, unit, handle._optimizers, in_backward=True):
+        if state.host_steps.submit(state, unit, state.optimizers, in_backward=True):
             for p in unit.trainable:    # (those no optimizer steps too, as on the GPU)
                 p.grad = None
             unit.stepped = True
-            state.stepped_since_step = True
+            backward.stepped_since_step = True
         return
     executor.grads_ready(unit.index, False)
-    if state.step_stream is None:
-        state.step_stream = torch.cuda.Stream(handle.device)
-    state.step_stream.wait_stream(torch.cuda.current_stream(handle.device))
+    if backward.step_stream is None:
+        backward.step_stream = torch.cuda.Stream(state.device)
+    backward.step_stream.wait_stream(torch.cuda.current_stream(state.device))
     # On the step stream, the executor's bring waits there, step_done's copies
     # home wait for it, and the gradients' memory is let go after it.
-    with torch.cuda.stream(state.step_stream):
-        for optimizer, own in handle._optimizers:
-            _step_unit(handle, optimizer, own, unit, with_grads=False)
+    with torch.cuda.stream(backward.step_stream):
+        for optimizer, own in state.optimizers:
+            _step_unit(state, optimizer, own, unit, with_grads=False)
         for p in unit.trainable:
             p.grad = None
         executor.discard_grads(unit.index)
     unit.stepped = True
-    state.stepped_since_step = True
+    backward.stepped_since_step = True
 
 
-def _end_backward(ref: "weakref.ref[Offloaded]") -> None:
-    handle = ref()
-    if handle is None or handle.executor is None:
+def _end_backward(ref: "weakref.ref[OffloadState]") -> None:
+    state = ref()
+    if state is None or state.executor is None:
         return
-    finish_backward(handle)
+    finish_backward(state)
 
 
-def end_failed_backward(handle: "Offloaded") -> None:
+def end_failed_backward(state: "OffloadState") -> None:
     """A backward that raised half-way never reached its end (autograd runs
     no queued callback then): before the next forward, outside any
     backward, it ends now."""
-    if handle._backward.active and torch._C._current_graph_task_id() == -1:
-        finish_backward(handle)
+    if state.backward.active and torch._C._current_graph_task_id() == -1:
+        finish_backward(state)
 
 
-def finish_backward(handle: "Offloaded") -> None:
+def finish_backward(state: "OffloadState") -> None:
     """The end of a backward: the compute stream waits for the steps in
     backward, gradients that came only in part go home, holds end."""
-    state = handle._backward
-    state.active = False
-    state.frozen_running.clear()
-    if state.step_stream is not None:  # what follows sees every step's writes
-        torch.cuda.current_stream(handle.device).wait_stream(state.step_stream)
-    for u in handle.units:            # some gradients never came (an unused branch)
+    backward = state.backward
+    backward.active = False
+    backward.frozen_running.clear()
+    if backward.step_stream is not None:  # what follows sees every step's writes
+        torch.cuda.current_stream(state.device).wait_stream(backward.step_stream)
+    for u in state.units:            # some gradients never came (an unused branch)
         if 0 < u.grads_seen < u.grads_expected:
             u.grads_seen = 0
-            handle.executor.grads_ready(u.index, True)
-    handle.executor.end_pass()
+            state.executor.grads_ready(u.index, True)
+    state.executor.end_pass()
 
 
 def state_tensors(optimizer: torch.optim.Optimizer, p) -> List[torch.Tensor]:
@@ -236,23 +224,23 @@ def state_tensors(optimizer: torch.optim.Optimizer, p) -> List[torch.Tensor]:
             if isinstance(t, torch.Tensor) and t.is_cuda]
 
 
-def why_budget(handle: "Offloaded", need: int) -> str:
+def why_budget(state: "OffloadState", need: int) -> str:
     """What a training budget must hold, and the least that does."""
-    largest = max(handle.units, key=lambda u: u.nbytes)
-    stepped = max(handle.units, key=lambda u: u.trainable_bytes)
-    return (f"with ahead + 1 = {handle.ahead + 1} submodules streaming, the largest "
+    largest = max(state.units, key=lambda u: u.nbytes)
+    stepped = max(state.units, key=lambda u: u.trainable_bytes)
+    return (f"with ahead + 1 = {state.ahead + 1} submodules streaming, the largest "
             f"('{largest.name}', {largest.nbytes} bytes), and a step of the largest trainable "
             f"one ('{stepped.name}': its weights, gradients and two states) it needs at least "
             f"{need} bytes ({need / 2**20:.0f} MiB). Give it at least that budget, lower "
             f"ahead, or freeze more of it")
 
 
-def _holders(handle: "Offloaded", optimizer, others) -> Dict[str, list]:
+def _holders(state: "OffloadState", optimizer, others) -> Dict[str, list]:
     """The optimizer's parameters by whose they are: "ours", "originals"
     (the module's tensors before offload replaced them), another offload's
     holder name, or "plain" (not offloaded)."""
-    ours = handle._param_ids
-    originals = {id(t) for t in handle._originals.values()}
+    ours = state.param_ids
+    originals = state.replaced_ids
     theirs = {id(p): type(o.module).__name__ for o in others for u in o.units for p in u.params}
     found: Dict[str, list] = {}
     for g in optimizer.param_groups:
@@ -279,7 +267,7 @@ def _refuse_holders(found: Dict[str, list]) -> None:
             "stream_optimizer")
 
 
-def check_optimizer(handle: "Offloaded", optimizer: torch.optim.Optimizer, others) -> None:
+def check_optimizer(state: "OffloadState", optimizer: torch.optim.Optimizer, others) -> None:
     """Refuses, before anything changes, an optimizer that cannot stream
     with this offload (`others`: the other offloads not undone)."""
     if isinstance(optimizer, torch.optim.LBFGS):
@@ -288,29 +276,29 @@ def check_optimizer(handle: "Offloaded", optimizer: torch.optim.Optimizer, other
             "and updates every parameter at once, where a streamed step updates one submodule "
             "at a time within the budget. Use an optimizer that steps each parameter on its "
             "own (SGD, Adam, AdamW, ...), or undo the offload")
-    if any(o is optimizer for o, _ in handle._optimizers):
+    if any(o is optimizer for o, _ in state.optimizers):
         raise ValueError("torch_uvm: this optimizer is streamed by this offload already")
     for other in others:
-        if any(o is optimizer for o, _ in other._optimizers):
+        if any(o is optimizer for o, _ in other.optimizers):
             raise ValueError(
                 f"torch_uvm: this optimizer is streamed by another offload (of "
                 f"'{type(other.module).__name__}') already: each offload streams an optimizer of "
                 "its own, over its own parameters")
-    _refuse_holders(_holders(handle, optimizer, others))
-    follow_trainable(handle)
-    need = handle.least_budget(training=True)
-    if need > handle.budget:
-        raise ValueError(f"torch_uvm: a budget of {handle.budget} bytes cannot train this "
-                         f"module: {why_budget(handle, need)}")
+    _refuse_holders(_holders(state, optimizer, others))
+    follow_trainable(state)
+    need = state.least_budget(training=True)
+    if need > state.budget:
+        raise ValueError(f"torch_uvm: a budget of {state.budget} bytes cannot train this "
+                         f"module: {why_budget(state, need)}")
 
 
-def check_params(handle: "Offloaded", optimizer: torch.optim.Optimizer, others) -> None:
+def check_params(state: "OffloadState", optimizer: torch.optim.Optimizer, others) -> None:
     """At each step: parameters added since (add_param_group) may not be
     the module's old ones nor another offload's."""
-    _refuse_holders(_holders(handle, optimizer, others))
+    _refuse_holders(_holders(state, optimizer, others))
 
 
-def run_closure(handle: "Offloaded", closure):
+def run_closure(state: "OffloadState", closure):
     """`step(closure)`: the closure's forward and backward, as
     ``torch.optim`` runs it. If it raises, what its backward left is let go
     of, and the error says what stepped (step_in_backward)."""
@@ -318,13 +306,13 @@ def run_closure(handle: "Offloaded", closure):
         with torch.enable_grad():
             return closure()
     except BaseException as e:
-        stepped = [u.name for u in handle.units if u.stepped]
-        for u in handle.units:
+        stepped = [u.name for u in state.units if u.stepped]
+        for u in state.units:
             u.stepped = False
-        handle._backward.stepped_since_step = False
-        if handle.executor is not None:
-            end_failed_backward(handle)
-            handle.executor.end_pass()
+        state.backward.stepped_since_step = False
+        if state.executor is not None:
+            end_failed_backward(state)
+            state.executor.end_pass()
         note = ("torch_uvm: the optimizer's closure raised, so step() stepped nothing"
                 + (f"; {len(stepped)} submodule(s) had stepped in its backward "
                    f"(step_in_backward): {stepped[:8]}{' ...' if len(stepped) > 8 else ''}"
@@ -334,34 +322,34 @@ def run_closure(handle: "Offloaded", closure):
         _raise_with_note(e, note)
 
 
-def keep_states_home(handle: "Offloaded", optimizer: torch.optim.Optimizer) -> None:
+def keep_states_home(state: "OffloadState", optimizer: torch.optim.Optimizer) -> None:
     """The optimizer's states of streamed parameters live in homes: those it
     has now (loaded before streaming) go there, and so do those
     ``load_state_dict`` loads (it would cast every state to its parameter's
     device, all to the GPU at once): into the homes the states had, or new
     ones. ``state_dict`` gives them as CPU tensors over their homes."""
-    ours = handle._param_ids
+    ours = state.param_ids
     for p, st in optimizer.state.items():
         if id(p) in ours:
             for key, t in list(st.items()):
                 if _streamable(t) and not _C.is_pinned_home(t):
-                    st[key] = _C.pinned_home(t.detach(), handle.device)
+                    st[key] = _C.pinned_home(t.detach(), state.device)
 
     def to_homes(opt, state_dict):
-        handle._host.wait()             # no host step writes the homes loaded below
+        state.host_steps.wait()             # no host step writes the homes loaded below
         params = [p for g in opt.param_groups for p in g["params"]]
         saved = [i for g in state_dict.get("param_groups", []) for i in g["params"]]
         if len(saved) != len(params):
             return None          # load_state_dict refuses it, naming why
         by_saved = dict(zip(saved, params))
-        state = {}
+        loaded = {}
         for k, values in state_dict.get("state", {}).items():
             p = by_saved.get(k)
             if p is None or id(p) not in ours:
-                state[k] = values
+                loaded[k] = values
                 continue
             had = opt.state.get(p, {})
-            state[k] = dict(values)
+            loaded[k] = dict(values)
             for key, v in values.items():
                 if key == "step" or not _streamable(v, on_gpu=False):
                     continue
@@ -372,29 +360,29 @@ def keep_states_home(handle: "Offloaded", optimizer: torch.optim.Optimizer) -> N
                         old.dtype == v.dtype and _C.is_pinned_home(old):
                     with torch.no_grad():
                         old.copy_(v)          # its home, written in place
-                    state[k][key] = old
+                    loaded[k][key] = old
                 else:
-                    state[k][key] = _C.pinned_home(v, handle.device)
-        return {**state_dict, "state": state}
+                    loaded[k][key] = _C.pinned_home(v, state.device)
+        return {**state_dict, "state": loaded}
     def seen_on_cpu(opt, state_dict):
         # A checkpoint saves the states as CPU tensors: those at home over
         # their homes' memory, those in a slot (within the budget) copied.
         # Loaded without map_location (as Lightning does), they land in
         # host memory, not all on the GPU at once. The live states stay.
-        torch.cuda.synchronize(handle.device)    # the copies home have passed
+        torch.cuda.synchronize(state.device)    # the copies home have passed
         params = [p for g in opt.param_groups for p in g["params"]]
         saved = [i for g in state_dict["param_groups"] for i in g["params"]]
         streamed = {k for k, p in zip(saved, params) if id(p) in ours}
-        state = {}
+        states = {}
         for k, values in state_dict["state"].items():
-            state[k] = {key: _on_cpu(v) for key, v in values.items()} if k in streamed \
+            states[k] = {key: _on_cpu(v) for key, v in values.items()} if k in streamed \
                 else values
-        return {**state_dict, "state": state}
-    handle._handles.append(optimizer.register_load_state_dict_pre_hook(to_homes))
+        return {**state_dict, "state": states}
+    state.hooks.append(optimizer.register_load_state_dict_pre_hook(to_homes))
     # (before state_dict reads the states: a first host step may be adding some)
-    handle._handles.append(optimizer.register_state_dict_pre_hook(
-        lambda opt: handle._host.wait()))
-    handle._handles.append(optimizer.register_state_dict_post_hook(seen_on_cpu))
+    state.hooks.append(optimizer.register_state_dict_pre_hook(
+        lambda opt: state.host_steps.wait()))
+    state.hooks.append(optimizer.register_state_dict_post_hook(seen_on_cpu))
 
 
 def _on_cpu(t):
@@ -427,7 +415,7 @@ def _own_step(optimizer, own, ids, kwargs) -> None:
             g["params"] = all_params
 
 
-def _step_unit(handle: "Offloaded", optimizer, own, unit: "_Unit", with_grads: bool,
+def _step_unit(state: "OffloadState", optimizer, own, unit: "Unit", with_grads: bool,
                kwargs=None) -> bool:
     """The optimizer's own step on `unit`'s parameters alone, on the GPU.
     Returns whether it stepped anything."""
@@ -440,14 +428,14 @@ def _step_unit(handle: "Offloaded", optimizer, own, unit: "_Unit", with_grads: b
     held = [p.grad for p in params]
     grads = held if with_grads else []
     before = [t for p in params for t in state_tensors(optimizer, p)]
-    executor = handle.executor
+    executor = state.executor
     # a first step makes its states on the GPU: room for Adam's two a
     # parameter is made first (SGD's momentum takes one; an optimizer that
     # makes more is counted when they exist, and the next bring waits)
     stepped = _STEPPED.setdefault(optimizer, set())
     fresh = sum(p.nbytes for p in params if id(p) not in stepped and not optimizer.state.get(p))
     executor.bring(params + held + before, FIRST_STATES * fresh)
-    if handle.host_step:
+    if state.host_step:
         host_step.steps_to_gpu(optimizer, params)
     try:
         _own_step(optimizer, own, ids, kwargs or {})
@@ -459,33 +447,33 @@ def _step_unit(handle: "Offloaded", optimizer, own, unit: "_Unit", with_grads: b
     return True
 
 
-def step(handle: "Offloaded", optimizer: torch.optim.Optimizer, original_step,
+def step(state: "OffloadState", optimizer: torch.optim.Optimizer, original_step,
          kwargs=None) -> None:
     """`optimizer.step()` one submodule at a time, each within the budget.
     Submodules that stepped in backward (step_in_backward) are skipped;
     parameters that are not offloaded step last, as they are."""
     kwargs = kwargs or {}
-    ours = handle._param_ids
+    ours = state.param_ids
     plain = {id(p) for g in optimizer.param_groups for p in g["params"]
              if id(p) not in ours and p.grad is not None}
-    if handle.executor is None:        # no forward ran: nothing of ours has a gradient
+    if state.executor is None:        # no forward ran: nothing of ours has a gradient
         if plain:
             _own_step(optimizer, original_step, plain, kwargs)
         return
-    end_failed_backward(handle)
-    handle.executor.step_begins()     # the gradients as the compute stream left them
+    end_failed_backward(state)
+    state.executor.step_begins()     # the gradients as the compute stream left them
     stepped: List[str] = []
     try:
         mine = [(optimizer, original_step)]
-        for u in host_step.choose(handle):   # the host steps them while the GPU steps the rest
-            if not u.stepped and handle._host.submit(handle, u, mine, in_backward=False):
+        for u in host_step.choose(state):   # the host steps them while the GPU steps the rest
+            if not u.stepped and state.host_steps.submit(state, u, mine, in_backward=False):
                 u.stepped = True
                 stepped.append(u.name)
-        for u in handle.units_in_order():
+        for u in state.units_in_order():
             if u.stepped:
                 continue
             try:
-                if _step_unit(handle, optimizer, original_step, u, with_grads=True,
+                if _step_unit(state, optimizer, original_step, u, with_grads=True,
                               kwargs=kwargs):
                     stepped.append(u.name)
             except BaseException as e:
@@ -498,28 +486,28 @@ def step(handle: "Offloaded", optimizer: torch.optim.Optimizer, original_step,
             _own_step(optimizer, original_step, plain, kwargs)
     except BaseException:
         try:
-            handle._host.wait()       # its error would hide the one raised here
+            state.host_steps.wait()       # its error would hide the one raised here
         except Exception:             # the first error is the one to see
             pass
         raise
     finally:
         try:
-            handle._host.end_step()   # as torch.optim promises: every weight stepped
+            state.host_steps.end_step()   # as torch.optim promises: every weight stepped
             # (unless non_blocking: then each unit's next forward waits for its own)
         finally:
-            for u in handle.units:
+            for u in state.units:
                 u.stepped = False
-            handle._backward.stepped_since_step = False
-            handle.executor.end_pass()
+            state.backward.stepped_since_step = False
+            state.executor.end_pass()
 
 
-def states_back(handle: "Offloaded", devices: Dict[int, torch.device]) -> Dict[tuple, dict]:
+def states_back(state: "OffloadState", devices: Dict[int, torch.device]) -> Dict[tuple, dict]:
     """On undo: the states each streamed optimizer keeps of a streamed
     parameter, where the parameter goes back (`devices`, by the streamed
     parameter's id): on the CPU, over their homes (no copy); on a GPU,
     copies there. Made before anything is put back (may run out of memory)."""
     moved = {}
-    for optimizer, _ in handle._optimizers:
+    for optimizer, _ in state.optimizers:
         for p, st in optimizer.state.items():
             device = devices.get(id(p))
             if device is None:
@@ -536,23 +524,23 @@ def states_back(handle: "Offloaded", devices: Dict[int, torch.device]) -> Dict[t
     return moved
 
 
-def hand_back(handle: "Offloaded", back: Dict[int, torch.Tensor], moved: Dict[tuple, dict]) -> None:
+def hand_back(state: "OffloadState", back: Dict[int, torch.Tensor], moved: Dict[tuple, dict]) -> None:
     """On undo: each streamed optimizer steps the parameters put back
     (`back`, by the streamed parameter's id), its states keyed by them and
     where they are (states_back). Else it would go on stepping tensors no
     module holds, and the module's own not at all."""
-    for optimizer, _ in handle._optimizers:
+    for optimizer, _ in state.optimizers:
         for group in optimizer.param_groups:
             group["params"] = [back.get(id(p), p) for p in group["params"]]
-        state = optimizer.state
-        for p in [p for p in state if id(p) in back]:
-            st = state.pop(p)
-            state[back[id(p)]] = moved.get((id(optimizer), id(p)), st)
+        states = optimizer.state
+        for p in [p for p in states if id(p) in back]:
+            st = states.pop(p)
+            states[back[id(p)]] = moved.get((id(optimizer), id(p)), st)
 
 
-def forget(handle: "Offloaded") -> None:
+def forget(state: "OffloadState") -> None:
     """On undo: the optimizers' step is theirs again."""
-    handle._host.close()
-    for optimizer, _ in handle._optimizers:
+    state.host_steps.close()
+    for optimizer, _ in state.optimizers:
         optimizer.__dict__.pop("step", None)   # the class's step again
-    handle._optimizers.clear()
+    state.optimizers.clear()

@@ -15,10 +15,10 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 
-from .residency import _span_bytes
+from .residency import span_bytes
 
 
-class _Unit:
+class Unit:
     """A module (the root) whose members' own parameters and buffers
     stream as one."""
     __slots__ = ("name", "module", "members", "targets", "buffers", "params", "trainable",
@@ -36,11 +36,11 @@ class _Unit:
 
     @property
     def nbytes(self) -> int:
-        return sum(_span_bytes(t) for t in {id(t): t for t in self.targets}.values())
+        return sum(span_bytes(t) for t in {id(t): t for t in self.targets}.values())
 
     @property
     def trainable_bytes(self) -> int:
-        return sum(_span_bytes(p) for p in self.trainable)
+        return sum(span_bytes(p) for p in self.trainable)
 
 
 def direct_tensors(module: torch.nn.Module):
@@ -60,7 +60,7 @@ def offload_plan(module: torch.nn.Module) -> list:
     for name, m in module.named_modules():
         own = list(direct_tensors(m))
         if own:
-            nbytes = sum(_span_bytes(t) for _, t, _ in own)
+            nbytes = sum(span_bytes(t) for _, t, _ in own)
             plan.append((name or type(m).__name__, m, own, nbytes))
     return plan
 
@@ -123,17 +123,17 @@ def unit_roots(module: torch.nn.Module, units=None) -> Dict[int, Tuple[str, torc
     return roots
 
 
-def make_units(plan, roots, shared: Dict[int, torch.Tensor]) -> List[_Unit]:
+def make_units(plan, roots, shared: Dict[int, torch.Tensor]) -> List[Unit]:
     """One unit per root, in the plan's order, its targets the replacements
     (`shared`) of its members' tensors, each once (a tied tensor is a
     target of every unit that holds it). Given the tensors themselves, the
     units as they will stream, to size them before anything changes."""
-    units: Dict[int, _Unit] = {}
+    units: Dict[int, Unit] = {}
     for _, m, own, _ in plan:
         name, root = roots[id(m)]
         u = units.get(id(root))
         if u is None:
-            u = units[id(root)] = _Unit(name, root, [])
+            u = units[id(root)] = Unit(name, root, [])
         u.members.append(m)
         for _, t, kind in own:
             seen = shared[id(t)]

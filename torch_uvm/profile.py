@@ -90,7 +90,7 @@ def _named_spans(names: Names) -> List[Tuple[int, int, str]]:
     return out
 
 
-def _torch_profiler_recording() -> bool:
+def torch_profiler_recording() -> bool:
     try:
         return bool(torch._C._autograd._profiler_enabled())
     except AttributeError:
@@ -144,7 +144,7 @@ class Profile:
         if not torch.cuda.is_available():
             self.counters_missing = "no CUDA device"      # nothing to count: no warning
             return
-        if _torch_profiler_recording():
+        if torch_profiler_recording():
             why = ("torch.profiler is recording, and CUPTI's activity buffers are one per "
                    "process: profile the driver's counters in a block outside it")
         else:

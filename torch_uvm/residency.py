@@ -27,7 +27,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Union
 import torch
 
 from . import _C
-from .profile import _torch_profiler_recording
+from .profile import torch_profiler_recording
 
 _BUDGET = _C.residency_budget()
 _LOCK = threading.RLock()
@@ -52,7 +52,7 @@ class _Lease:
         self.executor = None
 
 
-def _open_lease(device: torch.device, budget: int, name: str) -> _Lease:
+def open_lease(device: torch.device, budget: int, name: str) -> _Lease:
     """A share of `budget` bytes on `device`, refused (ValueError naming who
     holds the GPU) if it does not fit beside the others. An offload dropped
     without undo may still hold one until collected: collect, then retry."""
@@ -68,7 +68,7 @@ def _open_lease(device: torch.device, budget: int, name: str) -> _Lease:
     return lease
 
 
-def _end_lease(lease: _Lease) -> None:
+def end_lease(lease: _Lease) -> None:
     """Give back an offload's share: closed first, forgotten after, so an
     exception in between leaves it to be ended again. Safe from a finalizer:
     no Python lock is taken."""
@@ -86,7 +86,7 @@ class _Range:
     def __init__(self, tensor: torch.Tensor):
         self.tensor = tensor.detach()
         self.address = tensor.data_ptr()
-        self.nbytes = _span_bytes(tensor)
+        self.nbytes = span_bytes(tensor)
         self.last_use: Optional[torch.cuda.Event] = None
         self.device: Optional[torch.device] = None
         self.read_mostly = False
@@ -97,17 +97,17 @@ def _range_for(tensor: torch.Tensor) -> _Range:
     streamed (so its last use is the one eviction waits for), else a new one."""
     with _LOCK:
         known = _RANGES.get(tensor.data_ptr())
-        if known is not None and known.nbytes == _span_bytes(tensor):
+        if known is not None and known.nbytes == span_bytes(tensor):
             return known
     return _Range(tensor)
 
 
-def _span_bytes(t: torch.Tensor) -> int:
+def span_bytes(t: torch.Tensor) -> int:
     """The bytes `t`'s elements span: what a prefetch of it moves."""
     return _C.span_bytes(t)
 
 
-def _cuda(device) -> torch.device:
+def cuda_device(device) -> torch.device:
     device = torch.device("cuda", torch.cuda.current_device()) if device is None else \
         torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     if device.type != "cuda":
@@ -128,7 +128,7 @@ def set_residency_limit(limit: Union[int, float, None], device=None) -> None:
     :func:`prefetching` and :func:`bring` get what is left: before more
     would arrive, the least recently used leave. A limit below the offloads'
     budgets is refused, naming them: undo one first."""
-    device = _cuda(device)
+    device = cuda_device(device)
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, (int, float)):
             raise TypeError(f"the residency limit must be bytes (int), a fraction (float) or "
@@ -153,14 +153,14 @@ def set_residency_limit(limit: Union[int, float, None], device=None) -> None:
 
 def get_residency_limit(device=None) -> Optional[int]:
     """The residency limit of `device` in bytes, or None."""
-    return _BUDGET.limit(_cuda(device).index)
+    return _BUDGET.limit(cuda_device(device).index)
 
 
 def residency_shares(device=None) -> List[Dict[str, object]]:
     """Who streams on `device` within a share of its own (each offloaded
     module): its name, budget and bytes resident now."""
     return [{"holder": holder, "budget": budget, "resident_bytes": resident}
-            for _, holder, budget, resident in _BUDGET.shares(_cuda(device).index)]
+            for _, holder, budget, resident in _BUDGET.shares(cuda_device(device).index)]
 
 
 def residency_stats(device=None) -> Dict[str, int]:
@@ -169,7 +169,7 @@ def residency_stats(device=None) -> Dict[str, int]:
     evictions by how they left: drop (a clean GPU copy let go), write_home
     (written data copied home) and discard (a dead tensor's range
     forgotten, nothing moved)."""
-    return dict(_BUDGET.stats(_cuda(device).index))
+    return dict(_BUDGET.stats(cuda_device(device).index))
 
 
 def _wait_last_use(r: _Range) -> None:
@@ -181,7 +181,7 @@ def _traced(what: str, nbytes: int):
     """A range "torch_uvm::<what> <bytes>" in a running torch.profiler trace
     (and NVTX under emit_nvtx), around the prefetches and advice it holds,
     which carry their bytes and stream; nothing when no profiler runs."""
-    if not _torch_profiler_recording():
+    if not torch_profiler_recording():
         return contextlib.nullcontext()
     return torch.profiler.record_function(f"torch_uvm::{what} {nbytes} bytes")
 
@@ -211,7 +211,7 @@ def evict(device=None) -> None:
     """Let everything streamed on `device` that is not in use leave it now
     (a clean copy dropped, written data sent home), and let go of the
     batches torch_uvm still held. Resident units of offloaded modules stay."""
-    device = _cuda(device)
+    device = cuda_device(device)
     with _LOCK:
         for r in [r for r in _RANGES.values() if r.device == device]:
             if _BUDGET.is_busy(r.address):
@@ -306,7 +306,7 @@ def prefetching(iterable: Iterable, device=None, ahead: int = 1) -> Iterator:
     the same memory seen on `device`, ready on the current stream."""
     if not isinstance(ahead, int) or ahead < 1:
         raise ValueError(f"ahead must be a positive int, got {ahead!r}")
-    device = _cuda(device)
+    device = cuda_device(device)
     side = torch.cuda.Stream(device)
     pending: List[tuple] = []          # (item, ranges, ready event)
     iterator = iter(iterable)
@@ -350,7 +350,7 @@ def prefetching(iterable: Iterable, device=None, ahead: int = 1) -> Iterator:
 def bring(tensors, device=None, stream: Optional[torch.cuda.Stream] = None) -> None:
     """Prefetch managed `tensors` to `device` within its residency budget,
     ordered on `stream` (default: the current stream)."""
-    device = _cuda(device)
+    device = cuda_device(device)
     ranges = [_range_for(t) for t in _managed_tensors(tensors)]
     _advise_batches(ranges, device)   # so that leaving drops a copy, never migrates
     _bring(ranges, device, stream or torch.cuda.current_stream(device))

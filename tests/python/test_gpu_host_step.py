@@ -215,7 +215,7 @@ def test_a_non_blocking_step_returns_first_and_each_forward_waits_for_its_own(
         optimizer.step()
         if k == 0:
             # returned with none stepped
-            assert handle._host.pending and all(kind == "forward" for kind, _ in events)
+            assert handle.state.host_steps.pending and all(kind == "forward" for kind, _ in events)
             for group in optimizer.param_groups:
                 group["lr"] = 10.0
             torch.cuda.synchronize()      # every gradient home: the host may choose any
@@ -293,10 +293,10 @@ def test_a_state_dict_loaded_after_a_non_blocking_step_is_not_stepped_over(uvm, 
         real(*args, **kwargs)
     monkeypatch.setattr(host_step, "_adam_on_cpu", held)
     train(model, optimizer, data(1, seed=2))
-    assert handle._host.pending
+    assert handle.state.host_steps.pending
     threading.Timer(0.2, gate.set).start()
     stepped = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    assert not handle._host.pending
+    assert not handle.state.host_steps.pending
     assert any(not torch.equal(stepped[k], saved[k]) for k in saved)
     train(model, optimizer, data(1, seed=3))
     gate.clear()
@@ -409,7 +409,7 @@ def test_host_step_is_refused_before_anything_changes(uvm):
         with pytest.raises(ValueError, match=error):
             handle.stream_optimizer(optimizer, host_step=share, non_blocking=non_blocking)
         assert "step" not in optimizer.__dict__ and handle.host_step == 0
-        assert not handle._host.non_blocking
+        assert not handle.state.host_steps.non_blocking
     handle.stream_optimizer(torch.optim.AdamW(model[0].parameters()), host_step=0.5)
     other = torch.optim.AdamW(model[1].parameters())
     with pytest.raises(ValueError, match="every optimizer of one offload takes the same"):
@@ -418,4 +418,4 @@ def test_host_step_is_refused_before_anything_changes(uvm):
     with pytest.raises(ValueError, match="every optimizer of one offload takes the same "
                                          "non_blocking"):
         handle.stream_optimizer(other, host_step=0.5, non_blocking=True)
-    assert "step" not in other.__dict__ and not handle._host.non_blocking
+    assert "step" not in other.__dict__ and not handle.state.host_steps.non_blocking

@@ -308,7 +308,7 @@ def test_homes_the_host_cannot_hold_are_refused_before_any_is_pinned(uvm, budget
     offload_module = sys.modules["torch_uvm.offload"]     # (the package's `offload` is the function)
     model = make_model(layers=4)
     params = list(model.parameters())
-    monkeypatch.setattr(offload_module, "_host_available", lambda: 8 * MiB)
+    monkeypatch.setattr(offload_module, "host_available", lambda: 8 * MiB)
     pinned = []
     monkeypatch.setattr(uvm._C, "pinned_home",
                         lambda t, d, real=uvm._C.pinned_home: pinned.append(t) or real(t, d))
