@@ -66,8 +66,8 @@ def test_every_link_to_a_section_finds_it(page):
 
 
 EXAMPLES = os.path.join(ROOT, "examples")
-# Pages that are not how-to pages: the index, the reference, the why.
-NOT_HOW_TO = {"guide.md", "api.md", "errors.md", "design.md", "development.md"}
+# Pages that are not how-to pages: the index, the words, the reference, the why.
+NOT_HOW_TO = {"guide.md", "glossary.md", "api.md", "errors.md", "design.md", "development.md"}
 
 
 @pytest.mark.parametrize("page", sorted(f for f in os.listdir(os.path.join(ROOT, "docs"))
@@ -96,3 +96,12 @@ def test_figures_are_cited_by_date_and_machine_not_by_period_of_work(page):
     text = open(os.path.join(ROOT, page)).read()
     cited = re.findall(r"\bsessions? \d+|\(s\d+\)|-s\d+-|\bsession\d", text, re.I)
     assert not cited, f"{page} cites periods of work: {cited}"
+
+
+def test_the_glossary_defines_each_word_once():
+    rows = [line for line in open(os.path.join(ROOT, "docs", "glossary.md"))
+            if line.startswith("| **")]
+    words = [row.split("**")[1] for row in rows]
+    assert len(words) > 20
+    assert len(words) == len(set(words)), \
+        f"defined twice: {sorted({w for w in words if words.count(w) > 1})}"
