@@ -17,7 +17,7 @@ tracked and untracked, as they are at that moment) and its build outputs
 are copied once, and every mutant patches a copy of that copy: every
 mutant runs on one tree.
 
-- A Python mutant needs no build: its copy holds the built extension.
+- A Python mutant (or one of a Markdown page a test reads) needs no build: its copy holds the built extension.
 - A C++ mutant of the extension gets a copy of setup.py's objects
   (build/temp.*). ninja's files there name this tree's absolute paths, and
   in a copy they would recompile every file; so setup.py runs with torch's
@@ -657,6 +657,10 @@ MUTANTS = [
     ("a module takes another's private name", "torch_uvm/offload_units.py",
      "from .residency import span_bytes\n", "from .residency import _Lease, span_bytes  # noqa\n",
      ["tests/python/test_layering.py::test_no_module_imports_another_modules_underscored_names"]),
+    ("a README figure cites a run whose JSON does not record its machine", "README.md",
+     "(benchmarks/results/2026-11-26-h100/offload_llama-one-round.json)",
+     "(benchmarks/results/2026-11-26-h100/offload_llama.json)",
+     ["tests/python/test_docs.py::test_each_readme_figure_cites_one_run_that_records_its_machine"]),
     ("no buffer is named to the executor", "torch_uvm/offload_units.py",
      "                    u.buffers.append(seen)", "                    pass",
      [FORWARD_WRITES]),
@@ -681,7 +685,7 @@ class Mutant:
         self.name, self.path, self.text, self.replacement, self.tests = entry[:5]
         self.options = entry[5] if len(entry) > 5 else {}
         self.kind = ("core" if self.tests[0].startswith("core:") else
-                     "python" if self.path.endswith(".py") else "c++")
+                     "python" if self.path.endswith((".py", ".md")) else "c++")
         self.exclusive = False
         self.objects = []    # c++: setup.py objects to compile, relative to build/temp.*
         self.commands = []   # core: the CMake build's commands to replay

@@ -105,3 +105,29 @@ def test_the_glossary_defines_each_word_once():
     assert len(words) > 20
     assert len(words) == len(set(words)), \
         f"defined twice: {sorted({w for w in words if words.count(w) > 1})}"
+
+
+def readme_figures():
+    """The rows of the README's figures table, as lists of cells."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    section = text.split("## Figures", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    return [[c.strip() for c in row.strip("|").split("|")] for row in rows[2:]]
+
+
+def test_each_readme_figure_cites_one_run_that_records_its_machine():
+    """At most 8 rows; each row's figures come from one run, whose JSON
+    records the machine, torch, CUDA and driver that measured it; ratios are
+    shares (higher is better), never multiples."""
+    import json
+    rows = readme_figures()
+    assert 0 < len(rows) <= 8
+    for cells in rows:
+        runs = re.findall(r"\]\((benchmarks/results/[^)]+)\)", " ".join(cells))
+        assert len(runs) == 1 and runs[0].endswith(".json"), \
+            f"the row '{cells[0]}' cites {runs}, not one run's JSON"
+        machine = json.load(open(os.path.join(ROOT, runs[0]))).get("machine") or {}
+        missing = [k for k in ("gpu", "torch", "cuda", "driver") if not machine.get(k)]
+        assert not missing, f"{runs[0]} does not record its {missing}"
+        assert "×" not in " ".join(cells[1:3]), \
+            f"the row '{cells[0]}' writes a ratio as a multiple"
