@@ -131,3 +131,11 @@ def test_each_readme_figure_cites_one_run_that_records_its_machine():
         assert not missing, f"{runs[0]} does not record its {missing}"
         assert "×" not in " ".join(cells[1:3]), \
             f"the row '{cells[0]}' writes a ratio as a multiple"
+
+
+def test_no_cell_of_the_api_reference_passes_60_words():
+    text = open(os.path.join(ROOT, "docs", "api.md")).read()
+    long = [cell.strip()[:60] for line in text.splitlines()
+            if line.startswith("|") and not line.startswith("|---")
+            for cell in line.strip().strip("|").split(" | ") if len(cell.split()) > 60]
+    assert not long, f"api.md cells over 60 words: {long}"
