@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Union
 
 import torch
 
-from . import _C, _workers
+from . import _C, _workers, sizes
 
 __all__ = [
     "set_enabled_uvm", "get_enabled_uvm", "is_managed", "manage_memory", "unmanage_memory",
@@ -239,15 +239,17 @@ def get_memory_cap() -> int:
     return _C.memory_cap()
 
 
-def set_memory_cap(cap: Union[int, float], allow_oversubscription: bool = False) -> None:
-    """Set the cap on managed bytes: an int is bytes, a float in (0, 1] a
-    fraction of the free device memory seen at start.
+def set_memory_cap(cap: Union[int, float, str], allow_oversubscription: bool = False) -> None:
+    """Set the cap on managed bytes: an int is bytes (or a size such as
+    ``"40GiB"``, sizes.py), a float in (0, 1] a fraction of the free device
+    memory seen at start.
 
     A cap above that free memory raises ValueError unless
     ``allow_oversubscription=True``: oversubscribed managed memory can stall
     the GPU for every process on it. A cap below the memory live tensors use
     raises ValueError.
     """
+    cap = sizes.parse_bytes(cap, "the cap")
     if isinstance(cap, bool) or not isinstance(cap, (int, float)):
         raise TypeError(f"cap must be bytes (int) or a fraction (float), got {cap!r}")
     if isinstance(cap, float):
@@ -259,8 +261,12 @@ def set_memory_cap(cap: Union[int, float], allow_oversubscription: bool = False)
     _C.set_memory_cap(cap, bool(allow_oversubscription))
 
 
-def set_release_threshold(nbytes: int) -> None:
-    """Bytes of free segments that :func:`empty_cache` keeps cached."""
+def set_release_threshold(nbytes: Union[int, str]) -> None:
+    """Bytes of free segments that :func:`empty_cache` keeps cached (an int,
+    or a size such as ``"1GiB"``)."""
+    nbytes = sizes.parse_bytes(nbytes, "the release threshold")
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+        raise TypeError(f"the release threshold must be bytes (int), got {nbytes!r}")
     if nbytes < 0:
         raise ValueError(f"the release threshold must be >= 0, got {nbytes}")
     _C.set_release_threshold(int(nbytes))

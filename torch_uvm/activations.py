@@ -51,6 +51,7 @@ from typing import Deque, Dict, List, Optional, Tuple
 import torch
 
 from .offload import host_available
+from .sizes import parse_bytes
 
 DEFAULT_MIN_BYTES = 1 << 20
 DEFAULT_WINDOW = 512 << 20
@@ -158,6 +159,9 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
 
     def __init__(self, min_bytes: int = DEFAULT_MIN_BYTES, window: int = DEFAULT_WINDOW,
                  budget: int = 0):
+        min_bytes, window, budget = (
+            parse_bytes(v, f"offload_activations' {name}")
+            for name, v in (("min_bytes", min_bytes), ("window", window), ("budget", budget)))
         for name, value in (("min_bytes", min_bytes), ("window", window), ("budget", budget)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"torch_uvm.offload_activations: {name} must be an int of "

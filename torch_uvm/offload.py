@@ -16,7 +16,7 @@ import sys
 import types
 import warnings
 import weakref
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -27,6 +27,7 @@ from .offload_state import OffloadState, window_bytes, window_units
 from .offload_units import Unit, direct_tensors as _direct_tensors, make_units, offload_plan, \
     unit_roots
 from .residency import cuda_device, end_lease, open_lease, span_bytes, get_residency_limit
+from .sizes import parse_bytes
 
 
 MODES = ("auto", "in_place", "prefetch")
@@ -705,10 +706,11 @@ def _home_for(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return _C.pinned_home(t.detach(), device)
 
 
-def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
+def offload(module: torch.nn.Module, budget: Union[int, str, None] = None, device=None,
             ahead: int = 1, mode: str = "auto", checkpoint=None, units=None) -> Offloaded:
     """Run `module` on `device` with at most `budget` bytes of its weights
-    in GPU memory (default: the device's residency limit).
+    in GPU memory (an int, or a size such as ``"20GiB"``: sizes.py; default:
+    the device's residency limit).
 
     The budget is this module's own share of the GPU: several offloaded
     modules each stream within theirs, and their budgets add up to at most
@@ -777,6 +779,7 @@ def offload(module: torch.nn.Module, budget: Optional[int] = None, device=None,
         raise ValueError(f"torch_uvm: the module's tensors are on {sorted(map(str, devices))}; "
                          f"offload needs them on the CPU or on {device} alone. Move the module "
                          f"to one device first")
+    budget = parse_bytes(budget, "the budget")
     if budget is None:
         budget = get_residency_limit(device)
         if budget is None:

@@ -28,6 +28,7 @@ import torch
 
 from . import _C
 from .profile import torch_profiler_recording
+from .sizes import parse_bytes
 
 _BUDGET = _C.residency_budget()
 _LOCK = threading.RLock()
@@ -120,14 +121,16 @@ def cuda_device(device) -> torch.device:
     return device
 
 
-def set_residency_limit(limit: Union[int, float, None], device=None) -> None:
+def set_residency_limit(limit: Union[int, float, str, None], device=None) -> None:
     """The most bytes of streamed managed memory torch_uvm keeps on `device`
-    (an int: bytes; a float in (0, 1]: a fraction of the managed memory cap;
+    (an int: bytes, or a size such as ``"20GiB"``, sizes.py; a float in
+    (0, 1]: a fraction of the managed memory cap;
     None: no limit). It bounds the sum of the budgets of the modules
     offloaded on `device` (each streams within its own); batches from
     :func:`prefetching` and :func:`bring` get what is left: before more
     would arrive, the least recently used leave. A limit below the offloads'
     budgets is refused, naming them: undo one first."""
+    limit = parse_bytes(limit, "the residency limit")
     device = cuda_device(device)
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, (int, float)):

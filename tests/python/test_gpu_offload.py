@@ -181,9 +181,12 @@ def test_offload_bad_input_changes_nothing(uvm, budget):
         uvm.offload(model, budget=16 * MiB)               # below 2 x the largest layer
     assert all(a is b for a, b in zip(model.parameters(), params)) and \
         not any(p.is_cuda for p in model.parameters())
-    for bad in [0, -1, uvm.get_memory_cap() + 1]:
+    for bad in [0, -1, uvm.get_memory_cap() + 1, "20G", "a lot"]:
         with pytest.raises(ValueError):
             uvm.offload(model, budget=bad)
+    assert all(a is b for a, b in zip(model.parameters(), params)) and \
+        not any(p.is_cuda for p in model.parameters())
+    uvm.offload(model, budget="40MiB").undo()             # a size as people write it
     handle = uvm.offload(model)
     with pytest.raises(RuntimeError, match="already offloaded"):
         uvm.offload(model)

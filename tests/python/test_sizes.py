@@ -1,0 +1,35 @@
+"""Sizes as people write them (torch_uvm/sizes.py), and the calls that take
+them, without a GPU."""
+import pytest
+
+from torch_uvm.activations import offload_activations
+from torch_uvm.sizes import parse_bytes
+
+GiB, MiB = 1 << 30, 1 << 20
+
+
+@pytest.mark.parametrize("text, nbytes", [
+    ("20GiB", 20 * GiB), ("512MB", 512 * 10**6), ("1.5 GiB", 3 * GiB // 2), (" 2 kib ", 2048),
+    (".5GiB", GiB // 2), ("4096", 4096), ("4096B", 4096), ("1TB", 10**12), ("2KB", 2000),
+    ("1 MiB", MiB)])
+def test_a_size_with_its_unit_is_its_bytes(text, nbytes):
+    assert parse_bytes(text, "the budget") == nbytes
+
+
+@pytest.mark.parametrize("value", [7, None, 0.5, True])
+def test_what_is_not_a_string_is_left_to_the_caller(value):
+    assert parse_bytes(value, "the budget") is value
+
+
+@pytest.mark.parametrize("text", ["20G", "1 gigabyte", "GiB", "-1GiB", "1e3MB", "", "1.2.3 MB"])
+def test_a_string_that_is_no_size_names_what_and_the_forms(text):
+    with pytest.raises(ValueError, match=r"the budget must be bytes.*'20GiB', '512MB'.*powers "
+                                         r"of 1024.*" + repr(text).replace(".", r"\.")):
+        parse_bytes(text, "the budget")
+
+
+def test_offload_activations_takes_sizes():
+    saver = offload_activations(min_bytes="1MiB", window="512MiB", budget="2GiB")
+    assert (saver.min_bytes, saver.window, saver.budget) == (MiB, 512 * MiB, 2 * GiB)
+    with pytest.raises(ValueError, match="offload_activations' window must be bytes"):
+        offload_activations(window="a lot")

@@ -1,0 +1,30 @@
+"""Sizes as people write them. Every torch_uvm call that takes bytes (a
+budget, the cap, the residency limit, the release threshold, the
+activations' sizes) takes an int of bytes or a string with a unit:
+``"20GiB"``, ``"512MB"``, ``"1.5 GiB"``. GiB, MiB and KiB are powers of
+1024; GB, MB and kB powers of 1000, as accelerate's ``max_memory`` and the
+SI write them. A float keeps the meaning each call gives it (a fraction)."""
+from __future__ import annotations
+
+import re
+
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
+
+
+def parse_bytes(value, what: str):
+    """`value` in bytes, if it is a string: a number with a unit, or bytes
+    without one (rounded down to a whole byte); any other value as it is, for the caller to check. A string
+    that is no size raises ValueError naming `what` and the forms taken."""
+    if not isinstance(value, str):
+        return value
+    found = _SIZE.match(value)
+    if found is None or found.group(2).lower() not in UNITS:
+        raise ValueError(
+            f"torch_uvm: {what} must be bytes: an int, or a size with its unit such as "
+            f"'20GiB', '512MB' or '1.5 GiB' (GiB, MiB, KiB: powers of 1024; GB, MB, kB: of "
+            f"1000); got {value!r}")
+    number, unit = found.groups()
+    return int(float(number) * UNITS[unit.lower()])
+
