@@ -50,7 +50,7 @@ from typing import Deque, Dict, List, Optional, Tuple
 
 import torch
 
-from .offload import host_available
+from .host_memory import host_available
 from .sizes import parse_bytes
 
 DEFAULT_MIN_BYTES = 1 << 20

@@ -16,7 +16,7 @@ import sys
 import types
 import warnings
 import weakref
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Tuple, Union
 
 import torch
 
@@ -27,6 +27,7 @@ from .offload_state import OffloadState, window_bytes, window_units
 from .offload_units import Unit, direct_tensors as _direct_tensors, make_units, offload_plan, \
     unit_roots
 from .residency import cuda_device, end_lease, open_lease, span_bytes, get_residency_limit
+from .host_memory import host_room
 from .sizes import parse_bytes
 
 
@@ -615,19 +616,6 @@ def _refuse_nested(module: torch.nn.Module) -> None:
             f"nothing was changed")
 
 
-def host_available() -> Optional[int]:
-    """The host memory the kernel can give without swapping (MemAvailable),
-    or None where /proc/meminfo does not say."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 @functools.lru_cache(maxsize=None)
 def _cxx_references_counted() -> bool:
     """Whether what PyTorch holds in C++ (a view's base, autograd's saved
@@ -691,13 +679,13 @@ def _check_host_room(module: torch.nn.Module, tensors: Dict[int, torch.Tensor],
     need = sum(t.numel() * t.element_size() for t in tensors.values())
     given_back = sum(t.numel() * t.element_size() for i, t in tensors.items()
                      if i not in held and i not in found and t.device.type == "cpu")
-    available = host_available()
-    if available is not None and need > available + given_back:
+    room = host_room()
+    if room is not None and need > room[0] + given_back:
         raise torch.OutOfMemoryError(
             f"torch_uvm: offloading {type(module).__name__} needs {need} bytes of pinned host "
-            f"memory for its homes, and the host has {available} bytes available "
-            f"(MemAvailable), with {given_back} more given back by its CPU tensors as they "
-            f"move there. Free host memory, or offload a smaller module; it is unchanged")
+            f"memory for its homes, and the host has {room[0]} bytes available ({room[1]}), "
+            f"with {given_back} more given back by its CPU tensors as they move there. Free "
+            f"host memory, or offload a smaller module; it is unchanged")
 
 
 def _home_for(t: torch.Tensor, device: torch.device) -> torch.Tensor:

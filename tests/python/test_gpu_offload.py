@@ -311,14 +311,16 @@ def test_homes_the_host_cannot_hold_are_refused_before_any_is_pinned(uvm, budget
     offload_module = sys.modules["torch_uvm.offload"]     # (the package's `offload` is the function)
     model = make_model(layers=4)
     params = list(model.parameters())
-    monkeypatch.setattr(offload_module, "host_available", lambda: 8 * MiB)
+    monkeypatch.setattr(offload_module, "host_room",
+                        lambda: (8 * MiB, "the memory cgroup /'s memory.max (8388608 bytes)"))
     pinned = []
     monkeypatch.setattr(uvm._C, "pinned_home",
                         lambda t, d, real=uvm._C.pinned_home: pinned.append(t) or real(t, d))
     need = sum(p.nbytes for p in params)
     with pytest.raises(torch.OutOfMemoryError,
                        match=rf"needs {need} bytes of pinned host memory for its homes, and the "
-                             rf"host has {8 * MiB} bytes available"):
+                             rf"host has {8 * MiB} bytes available \(the memory cgroup /'s "
+                             rf"memory.max"):
         uvm.offload(model)
     assert pinned == [] and getattr(model, "_torch_uvm_offloaded", None) is None
     assert all(a is b and torch.equal(a, c) for a, b, c in
