@@ -71,6 +71,7 @@ CHECKPOINT = "tests/python/test_gpu_checkpoint.py::"
 HOST_STEP = "tests/python/test_gpu_host_step.py::"
 FORWARD_WRITES = "tests/python/test_gpu_forward_writes.py"
 DIFFERENTIAL = "tests/python/test_gpu_differential.py::"
+LIFECYCLE = "tests/python/test_lifecycle.py"   # the lifecycle on the CPU, over a fake executor
 
 # (name, file, text, replacement, tests that must fail). A test named
 # "core:Suite.Test" is a GoogleTest of the host-runtime build (build/core_tests,
@@ -135,7 +136,7 @@ MUTANTS = [
      "    if not state.step_in_backward or not state.optimizers:",
      "    if True:",
      [OFFLOAD + "test_training_under_a_budget_gives_the_all_resident_losses",
-      OFFLOAD + "test_step_in_backward_refuses_a_second_backward_before_the_step"]),
+      OFFLOAD + "test_step_in_backward_refuses_a_second_backward_before_the_step", LIFECYCLE]),
     ("the step in backward runs on the compute stream", "torch_uvm/offload_training.py",
      "    with torch.cuda.stream(backward.step_stream):",
      "    with torch.cuda.stream(torch.cuda.current_stream(state.device)):",
@@ -436,11 +437,11 @@ MUTANTS = [
      [LOOPS + "test_a_frozen_base_keeps_more_of_itself_resident"]),
     ("requires_grad is read once, at offload", "torch_uvm/offload.py",
      "        if training:\n            offload_training.follow_trainable(state)\n", "",
-     [LOOPS + "test_parameters_unfrozen_between_steps_train_from_then_on"]),
+     [LOOPS + "test_parameters_unfrozen_between_steps_train_from_then_on", LIFECYCLE]),
     ("a closure is not run", "torch_uvm/offload_training.py",
      "        with torch.enable_grad():\n            return closure()",
      "        with torch.enable_grad():\n            return None",
-     [LOOPS + "test_step_runs_the_closure_and_returns_its_loss"]),
+     [LOOPS + "test_step_runs_the_closure_and_returns_its_loss", LIFECYCLE]),
     ("loaded states land on the GPU", "torch_uvm/offload_training.py",
      "    state.hooks.append(optimizer.register_load_state_dict_pre_hook(to_homes))", "",
      [LOOPS + "test_loaded_optimizer_states_go_to_their_homes"]),
@@ -450,7 +451,7 @@ MUTANTS = [
     ("gradients that came in part wait on the GPU", "torch_uvm/offload_training.py",
      "            u.grads_seen = 0\n            state.executor.grads_ready(u.index, True)\n",
      "            u.grads_seen = 0\n",
-     [LOOPS + "test_gradients_that_came_in_part_go_home_at_the_end_of_backward"]),
+     [LOOPS + "test_gradients_that_came_in_part_go_home_at_the_end_of_backward", LIFECYCLE]),
     ("parameters unfrozen past the budget are not refused", "torch_uvm/offload.py",
      "        need = state.least_budget(training=True)\n        if need > state.budget:",
      "        need = state.least_budget(training=True)\n        if False:",
@@ -677,6 +678,10 @@ MUTANTS = [
     ("a cgroup's reclaimable file pages count as used", "torch_uvm/host_memory.py",
      "(usage - min(inactive, usage))", "usage",
      ["tests/python/test_host_memory.py::test_a_v2_limit_below_memavailable_bounds_it_less_its_working_set"]),
+    ("a frozen parameter that kept its gradient is not stepped", "torch_uvm/offload_training.py",
+     "    ids = {id(p) for p in unit.params if p.grad is not None}",
+     "    ids = {id(p) for p in unit.trainable if p.grad is not None}",
+     [LIFECYCLE, LOOPS + "test_a_layer_frozen_with_its_gradient_kept_steps_as_pytorch_steps_it"]),
     ("no buffer is named to the executor", "torch_uvm/offload_units.py",
      "                    u.buffers.append(seen)", "                    pass",
      [FORWARD_WRITES]),

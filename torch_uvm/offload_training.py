@@ -418,11 +418,13 @@ def _own_step(optimizer, own, ids, kwargs) -> None:
 def _step_unit(state: "OffloadState", optimizer, own, unit: "Unit", with_grads: bool,
                kwargs=None) -> bool:
     """The optimizer's own step on `unit`'s parameters alone, on the GPU.
-    Returns whether it stepped anything."""
-    ids = {id(p) for p in unit.trainable if p.grad is not None}
+    Returns whether it stepped anything. Every parameter with a gradient
+    steps, as PyTorch's step does: one frozen since it kept its gradient
+    (``zero_grad(set_to_none=False)``) too, its momentum moving it."""
+    ids = {id(p) for p in unit.params if p.grad is not None}
     if not ids:
         return False
-    params = [p for p in unit.trainable if id(p) in ids]
+    params = [p for p in unit.params if id(p) in ids]
     # held for the step either way: bringing the states may need room, and
     # gradients not held could be sent home under the step's feet
     held = [p.grad for p in params]

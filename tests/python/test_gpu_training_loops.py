@@ -414,6 +414,27 @@ def test_parameters_unfrozen_between_steps_train_from_then_on(uvm):
     both(uvm, build, loop, budget=24 * MiB)
 
 
+def test_a_layer_frozen_with_its_gradient_kept_steps_as_pytorch_steps_it(uvm):
+    """zero_grad(set_to_none=False) keeps zeroed gradients; a layer frozen
+    then still has one, and PyTorch's step moves it (its momentum). The
+    streamed step steps it too, as all resident (tests/python/
+    test_lifecycle.py found the difference on the CPU)."""
+    def loop(model, optimizer):
+        layers = list(model)
+        losses = []
+        for i, x in enumerate(data(4)):
+            if i == 2:
+                layers[0].requires_grad_(False)
+            loss = model(x).square().mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+            losses.append(loss.item())
+        return losses
+    both(uvm, lambda: make_model(width=1024), loop, budget=24 * MiB,
+         make_optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9))
+
+
 def test_a_discriminator_frozen_for_the_generators_step_and_back(uvm):
     """A GAN's loop: two offloads, two streamed optimizers, the
     discriminator frozen while the generator steps."""

@@ -30,7 +30,7 @@ def test_room_for_first_states_is_asked_once_per_parameter(make):
     p = torch.nn.Parameter(torch.ones(1024))
     optimizer = make([p])
     handle = SimpleNamespace(executor=Executor(), host_step=0.0)
-    unit = SimpleNamespace(trainable=[p])
+    unit = SimpleNamespace(trainable=[p], params=[p])
 
     def failing():
         raise RuntimeError("out of memory")

@@ -1,0 +1,198 @@
+"""The offload's lifecycle without a GPU (tests/python/lifecycle.py): drawn
+training loops run on a CPU model whose hooks are an offload's, over a fake
+executor, and on a plain copy of it. Losses, weights and optimizer states
+must be equal bit for bit (the streamed step steps one unit at a time), and
+the executor's books must say that every unit with gradients sent them home
+once per backward and stepped once per step."""
+import random
+
+import pytest
+import torch
+
+from lifecycle import CallError, cpu_streams, offload_on_cpu
+
+
+class Partial(torch.nn.Linear):
+    """A Linear whose forward leaves its bias out: a unit whose gradients
+    come in part (an unused branch)."""
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight)
+
+
+class Net(torch.nn.Module):
+    """Linear layers with tanh between them; `twice` runs one layer a
+    second time (a module called twice in one forward, as a GAN's
+    discriminator is); layer `partial` is a Partial."""
+
+    def __init__(self, layers, width, twice, bias, partial=-1):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            (Partial if k == partial else torch.nn.Linear)(width, width, bias=bias)
+            for k in range(layers))
+        self.twice = twice
+
+    def forward(self, x):
+        for k, layer in enumerate(self.layers):
+            x = torch.tanh(layer(x))
+            if k == self.twice:
+                x = torch.tanh(layer(x))
+        return x
+
+
+def program(seed):
+    """A loop drawn from `seed`: the model's shape, what is frozen when, the
+    optimizer, accumulation, evaluations, closures, step_in_backward."""
+    r = random.Random(seed)
+    layers = r.randint(2, 5)
+    p = {
+        "layers": layers, "width": r.choice([8, 16]), "bias": r.random() < 0.7,
+        "twice": r.choice([-1, -1, r.randrange(layers)]),
+        "optimizer": r.choice(["sgd", "sgd_momentum", "adamw", "adam"]),
+        "in_backward": r.random() < 0.4,
+        "partial": r.choice([-1, -1, r.randrange(layers)]),
+        "frozen": {r.randrange(layers - 1)} if r.random() < 0.4 else set(),   # (the last trains)
+        "steps": [],
+    }
+    for _ in range(r.randint(2, 4)):
+        p["steps"].append({
+            "accumulate": 1 if p["in_backward"] else r.choice([1, 1, 2]),
+            "evaluate": r.random() < 0.3,
+            "closure": r.random() < 0.25,
+            "set_to_none": r.random() < 0.7,
+            "toggle": r.randrange(layers - 1) if r.random() < 0.3 else None,
+        })
+    return p
+
+
+def make_optimizer(kind, params):
+    return {"sgd": lambda: torch.optim.SGD(params, lr=0.1),
+            "sgd_momentum": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+            "adamw": lambda: torch.optim.AdamW(params, lr=0.01),
+            "adam": lambda: torch.optim.Adam(params, lr=0.01)}[kind]()
+
+
+def build(p):
+    torch.manual_seed(0)
+    model = Net(p["layers"], p["width"], p["twice"], p["bias"], p.get("partial", -1))
+    for k in p["frozen"]:
+        model.layers[k].requires_grad_(False)
+    return model
+
+
+def run(p, model, optimizer, executor=None):
+    """The loop; with the fake executor, its books checked after each
+    backward and step. Returns the losses and what evaluations gave."""
+    torch.manual_seed(1)
+    batches = [torch.randn(4, p["width"]) for _ in range(8)]
+    losses, seen = [], []
+    k = 0
+    for step in p["steps"]:
+        if step["toggle"] is not None:
+            layer = model.layers[step["toggle"]]
+            layer.requires_grad_(not layer.weight.requires_grad)
+        if step["evaluate"]:
+            with torch.no_grad():
+                seen.append(model(batches[-1]))
+
+        def closure(x=batches[k]):
+            loss = model(x).square().mean()
+            loss.backward()
+            return loss
+        if step["closure"]:
+            losses.append(optimizer.step(closure).detach())
+            k += 1
+        else:
+            for _ in range(step["accumulate"]):
+                loss = model(batches[k]).square().mean()
+                loss.backward()
+                losses.append(loss.detach())
+                k += 1
+                if executor is not None:
+                    check_backward(p, model, executor)
+            with_grads = units_with_grads(executor)
+            optimizer.step()
+        if executor is not None and not step["closure"]:
+            assert set(executor.steps[-1]) == with_grads, "the step brought other units"
+        optimizer.zero_grad(set_to_none=step["set_to_none"])
+    return losses, seen
+
+
+def check_backward(p, model, executor):
+    """Every unit with a parameter that trains and got a gradient sent its
+    gradients home once, those that came in part too."""
+    assert executor.backwards, "no backward reached the executor"
+    want = {i for i, u in enumerate(executor.units)
+            if any(q.requires_grad and not isinstance(u.module, Partial) or
+                   q.requires_grad and q is u.module.weight for q in u.targets)}
+    assert set(executor.backwards[-1]) == want
+
+
+def units_with_grads(executor):
+    """The units a step must bring, each once: those with a parameter that
+    has a gradient (not stepped in backward; one frozen since it kept its
+    gradient too, as PyTorch's step steps it)."""
+    if executor is None:
+        return None
+    return {i for i, u in enumerate(executor.units) if any(
+        q.grad is not None for q in u.targets if isinstance(q, torch.nn.Parameter))}
+
+
+def states(optimizer, model):
+    return [(k, v.clone() if isinstance(v, torch.Tensor) else v)
+            for q in model.parameters() for k, v in sorted(optimizer.state.get(q, {}).items())]
+
+
+def same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_drawn_loop_steps_as_the_plain_model_and_keeps_the_books(seed):
+    p = program(seed)
+    reference = build(p)
+    ref_opt = make_optimizer(p["optimizer"], reference.parameters())
+    want = run(p, reference, ref_opt)
+
+    model = build(p)
+    with cpu_streams():
+        handle, executor = offload_on_cpu(model)
+        optimizer = handle.stream_optimizer(make_optimizer(p["optimizer"], model.parameters()),
+                                            step_in_backward=p["in_backward"])
+        got = run(p, model, optimizer, executor)
+    assert same(got, want), f"losses or evaluations differ: {p}"
+    for a, b in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(a, b), f"weights differ: {p}"
+    assert same(states(optimizer, model), states(ref_opt, reference)), f"states differ: {p}"
+    assert not any(executor.running.values())
+
+
+def test_a_second_backward_before_the_step_in_backward_is_refused():
+    """With step_in_backward each unit stepped already: a second backward
+    before step() raises (no accumulation), naming the way out."""
+    p = program(0) | {"frozen": set(), "twice": -1}
+    model = build(p)
+    with cpu_streams():
+        handle, executor = offload_on_cpu(model)
+        handle.stream_optimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                step_in_backward=True)
+        x = torch.randn(4, p["width"])
+        model(x).sum().backward()
+        with pytest.raises(RuntimeError, match="a second backward before optimizer.step"):
+            model(x).sum().backward()
+
+
+def test_the_fake_executor_refuses_a_gradient_sent_home_twice():
+    """The books can fail: a unit's gradients sent home twice in one
+    backward raise."""
+    model = build(program(1) | {"frozen": set(), "twice": -1})
+    with cpu_streams():
+        _, executor = offload_on_cpu(model)
+        executor.before(0, True)
+        executor.grads_ready(0)
+        with pytest.raises(CallError, match="went home twice"):
+            executor.grads_ready(0)
