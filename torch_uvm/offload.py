@@ -514,6 +514,24 @@ def _on_cpu_without_copy(t: torch.Tensor) -> torch.Tensor:
     return t.to("cpu", copy=True)
 
 
+def hook_forward(handle: Offloaded) -> None:
+    """The forward hooks of an offload: the module's (its forward's begin
+    and end, the autocast cache around it) and each unit's (before and
+    after it runs), kept in its state's hooks for undo() to remove."""
+    state = handle.state
+    module, hooks = state.module, state.hooks
+    hooks.append(module.register_forward_pre_hook(lambda _m, _a: _cast_cache_off(handle)))
+    hooks.append(module.register_forward_pre_hook(
+        lambda _m, args, kwargs: handle._begin(args, kwargs), with_kwargs=True))
+    for u in state.units:
+        hooks.append(u.module.register_forward_pre_hook(lambda _m, a, u=u: handle._pre(u, a)))
+        hooks.append(u.module.register_forward_hook(
+            lambda _m, _a, out, u=u: handle._post(u, out)))
+    hooks.append(module.register_forward_hook(lambda _m, _a, _o: handle._end_forward()))
+    hooks.append(module.register_forward_hook(lambda _m, _a, _o: _cast_cache_back(handle),
+                                              always_call=True))
+
+
 def _guard_conversions(handle: Offloaded, unit: Unit, member: torch.nn.Module) -> None:
     """``module.cpu()`` / ``.to("cpu")`` of an offloaded module (Lightning
     does it at the end of fit) undoes the offload first: its tensors are
@@ -834,17 +852,7 @@ def offload(module: torch.nn.Module, budget: Union[int, str, None] = None, devic
     state = OffloadState(module, device, budget, ahead, mode, units,
                          host_step_module.HostSteps(device), {id(t) for t in originals.values()})
     handle = Offloaded(state, originals, lease)
-    handles = state.hooks
-    handles.append(module.register_forward_pre_hook(lambda _m, _a: _cast_cache_off(handle)))
-    handles.append(module.register_forward_pre_hook(
-        lambda _m, args, kwargs: handle._begin(args, kwargs), with_kwargs=True))
-    for u in units:
-        handles.append(u.module.register_forward_pre_hook(lambda _m, a, u=u: handle._pre(u, a)))
-        handles.append(u.module.register_forward_hook(
-            lambda _m, _a, out, u=u: handle._post(u, out)))
-    handles.append(module.register_forward_hook(lambda _m, _a, _o: handle._end_forward()))
-    handles.append(module.register_forward_hook(lambda _m, _a, _o: _cast_cache_back(handle),
-                                                always_call=True))
+    hook_forward(handle)
     for u in units:
         for m in u.members:
             _guard_conversions(handle, u, m)

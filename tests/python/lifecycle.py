@@ -26,7 +26,7 @@ from typing import Dict, List
 import torch
 
 from torch_uvm import host_step, offload_training
-from torch_uvm.offload import Offloaded, _cast_cache_back, _cast_cache_off
+from torch_uvm.offload import Offloaded, hook_forward
 from torch_uvm.offload_state import OffloadState
 from torch_uvm.offload_units import make_units, offload_plan, unit_roots
 
@@ -191,16 +191,7 @@ def offload_on_cpu(module: torch.nn.Module, budget: int = 1 << 40, ahead: int = 
                          host_step.HostSteps(torch.device("cpu")), set())
     handle = Offloaded(state, {}, _Lease())
     handle._finalizer.detach()
-    hooks = state.hooks
-    hooks.append(module.register_forward_pre_hook(lambda _m, _a: _cast_cache_off(handle)))
-    hooks.append(module.register_forward_pre_hook(
-        lambda _m, args, kwargs: handle._begin(args, kwargs), with_kwargs=True))
-    for u in made:
-        hooks.append(u.module.register_forward_pre_hook(lambda _m, a, u=u: handle._pre(u, a)))
-        hooks.append(u.module.register_forward_hook(lambda _m, _a, out, u=u: handle._post(u, out)))
-    hooks.append(module.register_forward_hook(lambda _m, _a, _o: handle._end_forward()))
-    hooks.append(module.register_forward_hook(lambda _m, _a, _o: _cast_cache_back(handle),
-                                              always_call=True))
+    hook_forward(handle)
     offload_training.install(state)
     executor = FakeExecutor(made)
     state.executor = executor       # (made before the first forward: no CUDA executor)
