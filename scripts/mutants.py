@@ -479,7 +479,7 @@ MUTANTS = [
      [LOOPS + "test_freezing_and_unfreezing_every_step_reuses_each_gradients_home"]),
     ("a backward that raised is never ended", "torch_uvm/offload.py",
      "            offload_training.end_failed_backward(state)\n", "",
-     [LOOPS + "test_a_backward_that_raises_half_way_is_ended_before_the_next_forward"]),
+     [LOOPS + "test_a_backward_that_raises_half_way_is_ended_before_the_next_forward", LIFECYCLE]),
     ("a forward with grad plans for training without an optimizer", "torch_uvm/offload.py",
      "            if training and state.optimizers and (", "            if training and (",
      [LOOPS + "test_a_forward_with_grad_and_no_optimizer_keeps_an_inference_plan"]),

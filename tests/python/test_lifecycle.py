@@ -122,6 +122,7 @@ def check_backward(p, model, executor):
     """Every unit with a parameter that trains and got a gradient sent its
     gradients home once, those that came in part too."""
     assert executor.backwards, "no backward reached the executor"
+    assert not executor.in_backward, "the backward's pass was not closed at its end"
     want = {i for i, u in enumerate(executor.units)
             if any(q.requires_grad and not isinstance(u.module, Partial) or
                    q.requires_grad and q is u.module.weight for q in u.targets)}
@@ -196,3 +197,57 @@ def test_the_fake_executor_refuses_a_gradient_sent_home_twice():
         executor.grads_ready(0)
         with pytest.raises(CallError, match="went home twice"):
             executor.grads_ready(0)
+
+
+class Boom(Net):
+    """A Net whose backward raises at the output of its first layer while
+    `armed` (a backward that fails half-way: out of memory, Ctrl-C)."""
+    armed = False
+
+    def forward(self, x):
+        x = torch.tanh(self.layers[0](x))
+        if self.armed:
+            x.register_hook(lambda g: (_ for _ in ()).throw(RuntimeError("boom")))
+        for layer in self.layers[1:]:
+            x = torch.tanh(layer(x))
+        return x
+
+
+def test_a_backward_that_raises_half_way_is_ended_and_training_goes_on():
+    """A backward that raised never reached its end (autograd runs no queued
+    callback then): the next forward ends it, the gradients that came go
+    home, nothing stays open, and the loop trains on as the plain model."""
+    def loop(model, optimizer, executor=None):
+        torch.manual_seed(1)
+        for i in range(4):
+            model.armed = i == 1
+            loss = model(torch.randn(4, 8)).square().mean()
+            try:
+                loss.backward()
+            except RuntimeError as e:
+                assert "boom" in str(e)
+                optimizer.zero_grad()
+                continue
+            if executor is not None:
+                assert not executor.in_backward, "the backward's pass was not closed at its end"
+            optimizer.step()
+            optimizer.zero_grad()
+        model.armed = False
+        with torch.no_grad():                # a forward after the last step ends nothing new
+            model(torch.randn(4, 8))
+
+    torch.manual_seed(0)
+    reference = Boom(3, 8, -1, True)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=0.01)
+    loop(reference, ref_opt)
+    torch.manual_seed(0)
+    model = Boom(3, 8, -1, True)
+    with cpu_streams():
+        handle, executor = offload_on_cpu(model)
+        optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
+        loop(model, optimizer, executor)
+    for a, b in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(a, b)
+    assert len(executor.backwards) == 4      # the failed one was ended too
+    assert executor.backwards[1] == {1: 1, 2: 1}   # the layers its gradients reached
+    assert not handle.state.backward.active and not any(executor.running.values())
