@@ -31,9 +31,12 @@ class Net(torch.nn.Module):
             (Partial if k == partial else torch.nn.Linear)(width, width, bias=bias)
             for k in range(layers))
         self.twice = twice
+        self.skip = -1       # a layer this forward does not run (an expert not routed to)
 
     def forward(self, x):
         for k, layer in enumerate(self.layers):
+            if k == self.skip:
+                continue
             x = torch.tanh(layer(x))
             if k == self.twice:
                 x = torch.tanh(layer(x))
@@ -42,7 +45,9 @@ class Net(torch.nn.Module):
 
 def program(seed):
     """A loop drawn from `seed`: the model's shape, what is frozen when, the
-    optimizer, accumulation, evaluations, closures, step_in_backward."""
+    optimizer, accumulation, evaluations, closures, step_in_backward, a
+    layer run twice, one whose gradients come in part, one not routed to
+    in every other forward."""
     r = random.Random(seed)
     layers = r.randint(2, 5)
     p = {
@@ -51,6 +56,7 @@ def program(seed):
         "optimizer": r.choice(["sgd", "sgd_momentum", "adamw", "adam"]),
         "in_backward": r.random() < 0.4,
         "partial": r.choice([-1, -1, r.randrange(layers)]),
+        "routed": r.choice([-1, -1, r.randrange(layers)]),   # skipped in every other forward
         "frozen": {r.randrange(layers - 1)} if r.random() < 0.4 else set(),   # (the last trains)
         "steps": [],
     }
@@ -59,7 +65,9 @@ def program(seed):
             "accumulate": 1 if p["in_backward"] else r.choice([1, 1, 2]),
             "evaluate": r.random() < 0.3,
             "closure": r.random() < 0.25,
-            "set_to_none": r.random() < 0.7,
+            # (with step_in_backward the gradients are None after backward, as
+            # PyTorch's optimizer in backward leaves them: zeroed ones never stay)
+            "set_to_none": p["in_backward"] or r.random() < 0.7,
             "toggle": r.randrange(layers - 1) if r.random() < 0.3 else None,
         })
     return p
@@ -95,7 +103,8 @@ def run(p, model, optimizer, executor=None):
             with torch.no_grad():
                 seen.append(model(batches[-1]))
 
-        def closure(x=batches[k]):
+        def closure(x=batches[k], k=k):
+            model.skip = p.get("routed", -1) if k % 2 else -1
             loss = model(x).square().mean()
             loss.backward()
             return loss
@@ -104,6 +113,7 @@ def run(p, model, optimizer, executor=None):
             k += 1
         else:
             for _ in range(step["accumulate"]):
+                model.skip = p.get("routed", -1) if k % 2 else -1
                 loss = model(batches[k]).square().mean()
                 loss.backward()
                 losses.append(loss.detach())
@@ -123,9 +133,10 @@ def check_backward(p, model, executor):
     gradients home once, those that came in part too."""
     assert executor.backwards, "no backward reached the executor"
     assert not executor.in_backward, "the backward's pass was not closed at its end"
-    want = {i for i, u in enumerate(executor.units)
-            if any(q.requires_grad and not isinstance(u.module, Partial) or
-                   q.requires_grad and q is u.module.weight for q in u.targets)}
+    skipped = model.layers[model.skip] if model.skip >= 0 else None
+    want = {i for i, u in enumerate(executor.units) if u.module is not skipped and
+            any(q.requires_grad and not isinstance(u.module, Partial) or
+                q.requires_grad and q is u.module.weight for q in u.targets)}
     assert set(executor.backwards[-1]) == want
 
 
