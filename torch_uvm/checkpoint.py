@@ -243,10 +243,25 @@ class Reader:
             self._files.clear()
 
 
+# PEFT wraps the base model: "base_model.model." before its names, and
+# ".base_layer" inside each layer it adapts. A base model's checkpoint names
+# the same tensors without them.
+PEFT_PREFIX, PEFT_LAYER = "base_model.model.", ".base_layer."
+
+
+def base_name(name: str) -> str:
+    """`name` as the base model's checkpoint spells it (PEFT's wrappers
+    left out); `name` itself if nothing wraps it."""
+    if name.startswith(PEFT_PREFIX):
+        name = name[len(PEFT_PREFIX):]
+    return name.replace(PEFT_LAYER, ".")
+
+
 def names_by_tensor(module: torch.nn.Module) -> Dict[int, List[str]]:
     """Every name (as state_dict and checkpoints spell it) of each of the
     module's parameters and buffers, by the tensor's id: a tied tensor has
-    several."""
+    several. A PEFT model's tensors also go by their base model's names,
+    after their own: a base model's checkpoint loads into it."""
     names: Dict[int, List[str]] = {}
     for mname, m in module.named_modules(remove_duplicate=False):
         for kind in (m._parameters, m._buffers):
@@ -255,4 +270,6 @@ def names_by_tensor(module: torch.nn.Module) -> Dict[int, List[str]]:
                     full = f"{mname}.{tname}" if mname else tname
                     if full not in names.setdefault(id(t), []):
                         names[id(t)].append(full)
+    for ns in names.values():
+        ns += [b for b in dict.fromkeys(base_name(n) for n in ns) if b not in ns]
     return names

@@ -161,6 +161,50 @@ def test_names_and_matching():
         checkpoint.match({"embed.weight": wrong}, names, tensors)
 
 
+class Adapted(torch.nn.Module):
+    """A Linear as PEFT's LoRA wraps it: the base under `base_layer`, the
+    adapters beside it (with values of their own, off the meta device)."""
+
+    def __init__(self, base):
+        super().__init__()
+        self.base_layer = base
+        self.lora_A = torch.nn.ModuleDict({"default": torch.nn.Linear(5, 2, bias=False)})
+        self.lora_B = torch.nn.ModuleDict({"default": torch.nn.Linear(2, 7, bias=False)})
+
+
+def peft_like(model):
+    """`model` as get_peft_model wraps it: base_model.model.<its names>,
+    its head adapted."""
+    model.head = Adapted(model.head)
+    inner = torch.nn.Module()
+    inner.model = model
+    outer = torch.nn.Module()
+    outer.base_model = inner
+    return outer
+
+
+def test_a_peft_model_takes_its_base_models_checkpoint_by_the_base_names():
+    """PEFT's names gain "base_model.model." and ".base_layer"; a base
+    model's checkpoint names its tensors without them. Each tensor also goes
+    by its base name, after its own, so both kinds of checkpoint load."""
+    m = Tied()
+    m.inv_freq = torch.ones(2)
+    wrapped = peft_like(m)
+    names = checkpoint.names_by_tensor(wrapped)
+    assert names[id(m.embed.weight)] == [
+        "base_model.model.embed.weight", "base_model.model.head.base_layer.weight",
+        "embed.weight", "head.weight"]
+    adapter = m.head.lora_A["default"].weight
+    assert names[id(adapter)] == ["base_model.model.head.lora_A.default.weight",
+                                  "head.lora_A.default.weight"]
+    tensors = {id(t): t for t in list(wrapped.parameters()) + list(wrapped.buffers())}
+    e = checkpoint.Entry("f", "x", torch.float32, (7, 5), 8, 8 + 140)
+    found = checkpoint.match({"embed.weight": e}, names, tensors)      # a base checkpoint
+    assert found == {id(m.embed.weight): e}
+    found = checkpoint.match({"base_model.model.embed.weight": e}, names, tensors)   # PEFT's own
+    assert found == {id(m.embed.weight): e}
+
+
 def test_the_reader_reads_on_threads_and_reports_the_first_failure(saved, tmp_path):
     entries = checkpoint.read_checkpoint(saved)
     want = st.load_file(str(saved))
