@@ -131,6 +131,11 @@ def before_backward(state: "OffloadState", unit: "Unit") -> None:
                 "optimizer.step() after every backward; to accumulate gradients over several, "
                 "use stream_optimizer(optimizer, step_in_backward=False)")
         backward.active = True
+        # each unit counts this backward's gradients from none: one whose
+        # parameter another unit uses (a tied weight) may get them without
+        # its own backward beginning (an expert not routed to this time)
+        for u in state.units:
+            u.grads_seen = 0
         backward.on_host = {u.index for u in host_step.choose(state)}
         ref = weakref.ref(state)
         torch.autograd.Variable._execution_engine.queue_callback(lambda: _end_backward(ref))
@@ -142,7 +147,6 @@ def before_backward(state: "OffloadState", unit: "Unit") -> None:
     if state.host_steps.pending:     # (a graph built before a non_blocking step: its own first)
         state.host_steps.wait_unit(unit.index)
     executor.before(unit.index, True)
-    unit.grads_seen = 0
     if unit.grads_expected == 0:
         backward.frozen_running.append(unit)
 

@@ -10,8 +10,7 @@ loop on a plain model bit for bit.
 
 What the fake checks at each call (CallError when broken):
 - a unit's forward and backward runs are opened before they are closed;
-- in a backward, a unit's gradients go home at most once, and only once its
-  backward began;
+- a unit's gradients go home in a backward, at most once;
 - a streamed step brings each unit at most once, between step_begins and
   the pass's end, and only units with gradients;
 - the executor plans after a first forward, from the order it ran.
@@ -38,7 +37,9 @@ class CallError(AssertionError):
 class FakeExecutor:
     def __init__(self, units):
         self.units = units
-        self.index = {id(p): i for i, u in enumerate(units) for p in u.targets}
+        # each parameter's unit: the one that streams its gradient (a tied
+        # weight's first user, offload_training.install)
+        self.index = {id(p): i for i, u in enumerate(units) for p in u.params}
         self._planned = False
         self.seen: List[int] = []
         self._order: List[int] = []
@@ -105,8 +106,10 @@ class FakeExecutor:
         self.running[i] = False
 
     def grads_ready(self, i, home=True, wait=True) -> None:
-        if i not in self.began:
-            raise CallError(f"unit {i}'s gradients came before its backward began")
+        # (a unit whose backward did not begin may have gradients: another
+        # unit uses its parameter, a tied weight)
+        if not self.in_backward:
+            raise CallError(f"unit {i}'s gradients came outside a backward")
         self.home[i] += 1
         if self.home[i] > 1:
             raise CallError(f"unit {i}'s gradients went home twice in one backward")

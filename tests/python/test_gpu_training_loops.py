@@ -435,6 +435,43 @@ def test_a_layer_frozen_with_its_gradient_kept_steps_as_pytorch_steps_it(uvm):
          make_optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9))
 
 
+class TiedRouted(torch.nn.Module):
+    """Three Linears, the first two sharing a weight (streamed by the
+    first); `skip` leaves the first out of a forward (an expert not routed
+    to), the shared weight's gradient then coming through the second."""
+
+    def __init__(self, width=1024):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(3))
+        self.layers[1].weight = self.layers[0].weight
+        self.skip = False
+
+    def forward(self, x):
+        for k, layer in enumerate(self.layers):
+            if not (k == 0 and self.skip):
+                x = torch.tanh(layer(x))
+        return x
+
+
+@in_backward
+def test_a_tied_weight_whose_owner_did_not_run_trains_as_all_resident(uvm, in_backward):
+    """Every other step the weight's owner is not routed to: its gradient
+    comes through the other layer alone, goes home, and steps
+    (tests/python/test_lifecycle.py found it stayed out of the books)."""
+    def loop(model, optimizer):
+        losses = []
+        for i, x in enumerate(data(4)):
+            model.skip = bool(i % 2)
+            loss = model(x).square().mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        return losses
+    both(uvm, TiedRouted, loop, budget=24 * MiB, in_backward=in_backward)
+
+
 def test_a_discriminator_frozen_for_the_generators_step_and_back(uvm):
     """A GAN's loop: two offloads, two streamed optimizers, the
     discriminator frozen while the generator steps."""

@@ -47,7 +47,7 @@ def program(seed):
     """A loop drawn from `seed`: the model's shape, what is frozen when, the
     optimizer, accumulation, evaluations, closures, step_in_backward, a
     layer run twice, one whose gradients come in part, one not routed to
-    in every other forward."""
+    in every other forward, a weight two layers share."""
     r = random.Random(seed)
     layers = r.randint(2, 5)
     p = {
@@ -57,6 +57,7 @@ def program(seed):
         "in_backward": r.random() < 0.4,
         "partial": r.choice([-1, -1, r.randrange(layers)]),
         "routed": r.choice([-1, -1, r.randrange(layers)]),   # skipped in every other forward
+        "tied": r.choice([-1, -1, r.randrange(layers - 1)]),   # its weight is the next one's too
         "frozen": {r.randrange(layers - 1)} if r.random() < 0.4 else set(),   # (the last trains)
         "steps": [],
     }
@@ -83,6 +84,8 @@ def make_optimizer(kind, params):
 def build(p):
     torch.manual_seed(0)
     model = Net(p["layers"], p["width"], p["twice"], p["bias"], p.get("partial", -1))
+    if p.get("tied", -1) >= 0:        # a weight shared by two layers (tied embeddings' kind)
+        model.layers[p["tied"] + 1].weight = model.layers[p["tied"]].weight
     for k in p["frozen"]:
         model.layers[k].requires_grad_(False)
     return model
@@ -94,6 +97,7 @@ def run(p, model, optimizer, executor=None):
     torch.manual_seed(1)
     batches = [torch.randn(4, p["width"]) for _ in range(8)]
     losses, seen = [], []
+    reached = watch_gradients(model) if executor is not None else set()
     k = 0
     for step in p["steps"]:
         if step["toggle"] is not None:
@@ -115,11 +119,12 @@ def run(p, model, optimizer, executor=None):
             for _ in range(step["accumulate"]):
                 model.skip = p.get("routed", -1) if k % 2 else -1
                 loss = model(batches[k]).square().mean()
+                reached.clear()
                 loss.backward()
                 losses.append(loss.detach())
                 k += 1
                 if executor is not None:
-                    check_backward(p, model, executor)
+                    check_backward(p, model, executor, reached)
             with_grads = units_with_grads(executor)
             optimizer.step()
         if executor is not None and not step["closure"]:
@@ -128,16 +133,26 @@ def run(p, model, optimizer, executor=None):
     return losses, seen
 
 
-def check_backward(p, model, executor):
-    """Every unit with a parameter that trains and got a gradient sent its
-    gradients home once, those that came in part too."""
+def check_backward(p, model, executor, reached):
+    """Every unit with a parameter this backward gave a gradient (`reached`:
+    their ids) sent its gradients home once, those that came in part too,
+    and a unit whose tied weight another unit used."""
     assert executor.backwards, "no backward reached the executor"
     assert not executor.in_backward, "the backward's pass was not closed at its end"
-    skipped = model.layers[model.skip] if model.skip >= 0 else None
-    want = {i for i, u in enumerate(executor.units) if u.module is not skipped and
-            any(q.requires_grad and not isinstance(u.module, Partial) or
-                q.requires_grad and q is u.module.weight for q in u.targets)}
+    want = {i for i, u in enumerate(executor.units) if any(id(q) in reached for q in u.params)}
     assert set(executor.backwards[-1]) == want
+
+
+def watch_gradients(model):
+    """The ids of the parameters each backward gives a gradient: cleared by
+    the caller before it."""
+    reached = set()
+    for q in model.parameters():
+        was = q.requires_grad                # (a frozen one may be unfrozen later)
+        q.requires_grad_(True)
+        q.register_post_accumulate_grad_hook(lambda q: reached.add(id(q)))
+        q.requires_grad_(was)
+    return reached
 
 
 def units_with_grads(executor):
@@ -146,8 +161,7 @@ def units_with_grads(executor):
     gradient too, as PyTorch's step steps it)."""
     if executor is None:
         return None
-    return {i for i, u in enumerate(executor.units) if any(
-        q.grad is not None for q in u.targets if isinstance(q, torch.nn.Parameter))}
+    return {i for i, u in enumerate(executor.units) if any(q.grad is not None for q in u.params)}
 
 
 def states(optimizer, model):
@@ -262,3 +276,27 @@ def test_a_backward_that_raises_half_way_is_ended_and_training_goes_on():
     assert len(executor.backwards) == 4      # the failed one was ended too
     assert executor.backwards[1] == {1: 1, 2: 1}   # the layers its gradients reached
     assert not handle.state.backward.active and not any(executor.running.values())
+
+
+@pytest.mark.parametrize("in_backward", [False, True], ids=["step_after", "step_in_backward"])
+def test_a_tied_weight_whose_owner_did_not_run_sends_its_gradient_home(in_backward):
+    """Layers 0 and 1 share a weight, its gradient streamed by layer 0; in
+    every other forward layer 0 is not routed to, and the weight's gradient
+    comes through layer 1 alone. It goes home then too (before, layer 0's
+    count ran past what it expects and never reached it: the gradient stayed
+    on the GPU outside the budget)."""
+    p = program(3) | {"layers": 3, "tied": 0, "routed": 0, "twice": -1, "partial": -1,
+                      "frozen": set(), "in_backward": in_backward, "optimizer": "adamw",
+                      "bias": True}
+    p["steps"] = [{"accumulate": 1, "evaluate": False, "closure": False, "set_to_none": True,
+                   "toggle": None} for _ in range(4)]
+    reference = build(p)
+    want = run(p, reference, make_optimizer(p["optimizer"], reference.parameters()))
+    model = build(p)
+    with cpu_streams():
+        handle, executor = offload_on_cpu(model)
+        optimizer = handle.stream_optimizer(make_optimizer(p["optimizer"], model.parameters()),
+                                            step_in_backward=in_backward)
+        got = run(p, model, optimizer, executor)
+    assert same(got, want)
+    assert [sorted(b) for b in executor.backwards] == [[0, 1, 2]] * 4
