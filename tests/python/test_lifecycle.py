@@ -300,3 +300,52 @@ def test_a_tied_weight_whose_owner_did_not_run_sends_its_gradient_home(in_backwa
         got = run(p, model, optimizer, executor)
     assert same(got, want)
     assert [sorted(b) for b in executor.backwards] == [[0, 1, 2]] * 4
+
+
+@pytest.mark.parametrize("in_backward", [False, True], ids=["step_after", "step_in_backward"])
+def test_a_gan_of_two_offloads_trains_as_the_plain_pair(in_backward):
+    """Two offloads, two streamed optimizers: the discriminator runs on real
+    and generated samples (called twice in one forward) and steps; then it is
+    frozen while the generator steps through it, and unfrozen after."""
+    def pair():
+        torch.manual_seed(0)
+        return Net(3, 8, -1, True), Net(2, 8, -1, True)
+
+    def loop(g, d, g_opt, d_opt):
+        torch.manual_seed(1)
+        losses = []
+        for _ in range(3):
+            z, real = torch.randn(4, 8), torch.randn(4, 8)
+            fake = g(z)
+            d_loss = d(real).mean() - d(fake.detach()).mean()
+            d_loss.backward()
+            d_opt.step()
+            d_opt.zero_grad()
+            d.requires_grad_(False)
+            g_loss = -d(g(z)).mean()
+            g_loss.backward()
+            g_opt.step()
+            g_opt.zero_grad()
+            d.requires_grad_(True)
+            losses += [d_loss.detach(), g_loss.detach()]
+        return losses
+
+    g, d = pair()
+    want = loop(g, d, torch.optim.Adam(g.parameters(), lr=0.01),
+                torch.optim.Adam(d.parameters(), lr=0.01))
+    want_weights = [t.detach().clone() for t in list(g.parameters()) + list(d.parameters())]
+    g, d = pair()
+    with cpu_streams():
+        g_handle, g_exec = offload_on_cpu(g)
+        d_handle, d_exec = offload_on_cpu(d)
+        g_opt = g_handle.stream_optimizer(torch.optim.Adam(g.parameters(), lr=0.01),
+                                          step_in_backward=in_backward)
+        d_opt = d_handle.stream_optimizer(torch.optim.Adam(d.parameters(), lr=0.01),
+                                          step_in_backward=in_backward)
+        got = loop(g, d, g_opt, d_opt)
+    assert same(got, want)
+    assert all(torch.equal(a, b) for a, b in
+               zip(list(g.parameters()) + list(d.parameters()), want_weights))
+    # the discriminator's gradients went home in its own backwards only
+    assert all(sorted(b) == [0, 1] for b in d_exec.backwards if b)
+    assert not any(g_exec.running.values()) and not any(d_exec.running.values())
