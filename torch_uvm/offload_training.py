@@ -131,11 +131,6 @@ def before_backward(state: "OffloadState", unit: "Unit") -> None:
                 "optimizer.step() after every backward; to accumulate gradients over several, "
                 "use stream_optimizer(optimizer, step_in_backward=False)")
         backward.active = True
-        # each unit counts this backward's gradients from none: one whose
-        # parameter another unit uses (a tied weight) may get them without
-        # its own backward beginning (an expert not routed to this time)
-        for u in state.units:
-            u.grads_seen = 0
         backward.on_host = {u.index for u in host_step.choose(state)}
         ref = weakref.ref(state)
         torch.autograd.Variable._execution_engine.queue_callback(lambda: _end_backward(ref))
@@ -156,6 +151,13 @@ def _on_grad(ref: "weakref.ref[OffloadState]", i: int) -> None:
     if state is None or state.executor is None:
         return
     unit = state.units[i]
+    # A unit counts the gradients of the backward (autograd's graph task) it
+    # is in, from none: whether or not its own backward began (another unit
+    # uses its parameter: a tied weight whose owner was not routed to, or a
+    # regularizer over it), and however early the gradient came.
+    task = torch._C._current_graph_task_id()
+    if unit.grads_task != task:
+        unit.grads_task, unit.grads_seen = task, 0
     unit.grads_seen += 1
     if unit.grads_seen == unit.grads_expected:
         _grads_complete(state, unit)
@@ -167,6 +169,13 @@ def _grads_complete(state: "OffloadState", unit: "Unit") -> None:
     if not state.step_in_backward or not state.optimizers:
         executor.grads_ready(unit.index, True)
         return
+    if unit.stepped:
+        raise RuntimeError(
+            f"torch_uvm: the gradients of submodule '{unit.name}' came twice in one backward "
+            f"(reentrant activation checkpointing runs each segment's backward on its own, and "
+            f"this submodule is in two): with step_in_backward it would step on each part "
+            f"alone. Use checkpoint(..., use_reentrant=False), or "
+            f"stream_optimizer(optimizer) without step_in_backward")
     if unit.index in backward.on_host:
         # home without the backward waiting for the copy; if the host cannot
         # take it now, optimizer.step() steps it
@@ -514,16 +523,24 @@ def states_back(state: "OffloadState", devices: Dict[int, torch.device]) -> Dict
     copies there. Made before anything is put back (may run out of memory)."""
     moved = {}
     for optimizer, _ in state.optimizers:
+        # a fused or capturable step keeps its count on the parameter's device
+        on_device = {id(p) for g in optimizer.param_groups if g.get("fused") or g.get("capturable")
+                     for p in g["params"]}
         for p, st in optimizer.state.items():
             device = devices.get(id(p))
             if device is None:
                 continue
             new = dict(st)
             for key, t in st.items():
-                if not isinstance(t, torch.Tensor) or (key == "step" and not t.is_cuda):
+                if not isinstance(t, torch.Tensor):
+                    continue
+                if key == "step" and not t.is_cuda and \
+                        (device.type == "cpu" or id(p) not in on_device):
                     continue                  # (a step count stays on the CPU, as PyTorch's)
-                if device.type == "cpu":
+                if device.type == "cpu":      # over its home, or a copy (a small state)
                     new[key] = _on_cpu(t) if t.is_cuda else t
+                    if new[key].is_cuda:
+                        new[key] = t.detach().cpu()
                 elif t.is_cuda or t.device != device:   # (a CUDA tensor may be in host memory)
                     new[key] = t.detach().to(device, copy=True)
             moved[(id(optimizer), id(p))] = new
@@ -549,4 +566,5 @@ def forget(state: "OffloadState") -> None:
     state.host_steps.close()
     for optimizer, _ in state.optimizers:
         optimizer.__dict__.pop("step", None)   # the class's step again
+        _STEPPED.pop(optimizer, None)          # (streamed again, it starts afresh)
     state.optimizers.clear()

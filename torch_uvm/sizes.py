@@ -7,6 +7,7 @@ SI write them. A float keeps the meaning each call gives it (a fraction)."""
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -14,17 +15,18 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
 
 
 def parse_bytes(value, what: str):
-    """`value` in bytes, if it is a string: a number with a unit, or bytes
-    without one (rounded down to a whole byte); any other value as it is, for the caller to check. A string
+    """`value` in bytes, if it is a string: a number with a unit (rounded
+    down to a whole byte), or a whole number of bytes without one; any other value as it is, for the caller to check. A string
     that is no size raises ValueError naming `what` and the forms taken."""
     if not isinstance(value, str):
         return value
     found = _SIZE.match(value)
-    if found is None or found.group(2).lower() not in UNITS:
+    if found is None or found.group(2).lower() not in UNITS or \
+            (found.group(2) == "" and not found.group(1).isdigit()):   # "0.5": a fraction?
         raise ValueError(
             f"torch_uvm: {what} must be bytes: an int, or a size with its unit such as "
             f"'20GiB', '512MB' or '1.5 GiB' (GiB, MiB, KiB: powers of 1024; GB, MB, kB: of "
             f"1000); got {value!r}")
     number, unit = found.groups()
-    return int(float(number) * UNITS[unit.lower()])
+    return int(Decimal(number) * UNITS[unit.lower()])   # (exact: "4.1GB" is 4100000000)
 

@@ -1024,6 +1024,35 @@ def test_training_goes_on_after_undo_with_the_same_optimizer(uvm, in_backward):
                 assert where(mine[key]) == "gpu", key   # the driver's word, not pinned homes
 
 
+def test_training_goes_on_on_the_cpu_after_undo_of_a_cpu_model(uvm):
+    """A model offloaded from the CPU goes back there on undo(), and so does
+    every state of its streamed optimizer, the small ones (a bias's moments,
+    plain CUDA tensors, not homes) too: training goes on on the CPU as the
+    all-resident model moved to the CPU after the same steps."""
+    batches = data(4)
+    make = lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3)
+    reference = make_model(layers=4, width=1024).cuda()
+    ref_opt = make(reference)
+    train(reference, ref_opt, batches[:2])
+    reference.cpu()
+    for st in ref_opt.state.values():
+        for key, v in list(st.items()):
+            if isinstance(v, torch.Tensor):
+                st[key] = v.cpu()
+    on_cpu = [b.cpu() for b in batches[2:]]
+    want = train(reference, ref_opt, on_cpu)[0]
+    model = make_model(layers=4, width=1024)
+    handle = uvm.offload(model, budget=24 * MiB)
+    optimizer = handle.stream_optimizer(make(model))
+    train(model, optimizer, batches[:2])
+    handle.undo()
+    assert all(not t.is_cuda for st in optimizer.state.values() for t in st.values()
+               if isinstance(t, torch.Tensor))
+    assert train(model, optimizer, on_cpu)[0] == want
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p, q)
+
+
 @pytest.mark.parametrize("clip", ["clip_grad_norm_", "clip_grad_value_"])
 def test_clipping_gradients_that_stepped_in_backward_is_refused(uvm, clip):
     """With step_in_backward the gradients stepped and are gone by the time

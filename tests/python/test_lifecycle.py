@@ -349,3 +349,60 @@ def test_a_gan_of_two_offloads_trains_as_the_plain_pair(in_backward):
     # the discriminator's gradients went home in its own backwards only
     assert all(sorted(b) == [0, 1] for b in d_exec.backwards if b)
     assert not any(g_exec.running.values()) and not any(d_exec.running.values())
+
+
+def test_a_gradient_that_comes_before_any_units_backward_goes_home():
+    """A regularizer over a layer's weight gives it a gradient as soon as
+    backward starts, before any unit's backward began; in every other step
+    the layer is not routed to, so that is all it gets: it goes home then,
+    in part (not its bias), and the loop trains as the plain model."""
+    def loop(model, optimizer, executor=None):
+        torch.manual_seed(1)
+        for k in range(4):
+            model.skip = 0 if k % 2 else -1
+            loss = model(torch.randn(4, 8)).square().mean() + \
+                0.1 * model.layers[0].weight.square().sum()
+            loss.backward()
+            if executor is not None:
+                assert 0 in executor.backwards[-1], f"step {k}: layer 0's gradient stayed out"
+            optimizer.step()
+            optimizer.zero_grad()
+
+    torch.manual_seed(0)
+    reference = Net(3, 8, -1, True)
+    loop(reference, torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9))
+    torch.manual_seed(0)
+    model = Net(3, 8, -1, True)
+    with cpu_streams():
+        handle, executor = offload_on_cpu(model)
+        loop(model, handle.stream_optimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)), executor)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
+
+
+def test_reentrant_checkpointing_over_a_shared_layer_with_step_in_backward_is_refused():
+    """Reentrant checkpointing runs each segment's backward as a backward of
+    its own: a layer in two segments gets its gradients twice. With
+    step_in_backward it would step on each part alone (a wrong result): the
+    second part raises, naming use_reentrant=False."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Shared(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.shared, self.head = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            x = checkpoint(lambda t: torch.tanh(self.shared(t)), x, use_reentrant=True)
+            x = checkpoint(lambda t: torch.tanh(self.shared(t)), x, use_reentrant=True)
+            return self.head(x)
+
+    torch.manual_seed(0)
+    model = Shared()
+    with cpu_streams():
+        handle, _ = offload_on_cpu(model)
+        handle.stream_optimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                step_in_backward=True)
+        x = torch.randn(4, 8, requires_grad=True)
+        with pytest.raises(RuntimeError, match="came twice in one backward.*use_reentrant=False"):
+            model(x).sum().backward()

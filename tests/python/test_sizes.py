@@ -11,7 +11,7 @@ GiB, MiB = 1 << 30, 1 << 20
 @pytest.mark.parametrize("text, nbytes", [
     ("20GiB", 20 * GiB), ("512MB", 512 * 10**6), ("1.5 GiB", 3 * GiB // 2), (" 2 kib ", 2048),
     (".5GiB", GiB // 2), ("4096", 4096), ("4096B", 4096), ("1TB", 10**12), ("2KB", 2000),
-    ("1 MiB", MiB)])
+    ("1 MiB", MiB), ("4.1GB", 4_100_000_000), ("33.3MB", 33_300_000)])
 def test_a_size_with_its_unit_is_its_bytes(text, nbytes):
     assert parse_bytes(text, "the budget") == nbytes
 
@@ -21,7 +21,8 @@ def test_what_is_not_a_string_is_left_to_the_caller(value):
     assert parse_bytes(value, "the budget") is value
 
 
-@pytest.mark.parametrize("text", ["20G", "1 gigabyte", "GiB", "-1GiB", "1e3MB", "", "1.2.3 MB"])
+@pytest.mark.parametrize("text", ["20G", "1 gigabyte", "GiB", "-1GiB", "1e3MB", "", "1.2.3 MB",
+                                  "0.5", "1.0"])
 def test_a_string_that_is_no_size_names_what_and_the_forms(text):
     with pytest.raises(ValueError, match=r"the budget must be bytes.*'20GiB', '512MB'.*powers "
                                          r"of 1024.*" + repr(text).replace(".", r"\.")):
