@@ -260,7 +260,9 @@ class HostSteps:
         executor = state.executor
         self.wait_unit(unit.index)      # its last, were it pending
         executor.evict_unit(unit.index)
-        params = [p for p in unit.trainable if p.grad is not None]
+        # every parameter with a gradient, as offload_training._step_unit
+        # (one frozen since, that kept its gradient, too)
+        params = [p for p in unit.params if p.grad is not None]
         views = [(_cpu_view(p), _cpu_view(p.grad)) for p in params]
         if not params or any(w is None or g is None for w, g in views):
             return False
