@@ -2,8 +2,10 @@
 hooks, offload_training's backward and streamed step) driven by a real
 CPU model, over a fake executor that moves nothing and checks the calls the
 C++ executor gets. The weights stay where they are, so a loop trained so
-steps one unit at a time, exactly as the GPU does, and must equal the same
-loop on a plain model bit for bit.
+steps one unit at a time (the streamed step's narrowing of the optimizer's
+groups, on the CPU's kernels) and must equal the same loop on a plain model
+bit for bit. What it does not see: the bytes the executor moves, the host
+step, resident units, and the GPU's kernels over subsets of a group.
 
     handle, executor = offload_on_cpu(model, budget)
     optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters()))
