@@ -29,18 +29,21 @@ def data(steps, rows=64, width=1024, seed=1):
     return [torch.randn(rows, width, device="cuda", generator=g) for _ in range(steps)]
 
 
-def train(model, optimizer, batches, evaluate=None):
-    """The plain loop: forward, backward, step, zero_grad; `evaluate(model)`
-    before, between and after the steps when given. Returns the losses and
-    what each evaluation gave."""
+def train(model, optimizer, batches, evaluate=None, before=None, set_to_none=True):
+    """The plain loop: forward, backward, step, zero_grad(set_to_none);
+    `evaluate(model)` before, between and after the steps when given, and
+    `before(i, model)` before step i's forward. Returns the losses and what
+    each evaluation gave."""
     losses, seen = [], []
-    for x in batches:
+    for i, x in enumerate(batches):
         if evaluate is not None:
             seen.append(evaluate(model))
+        if before is not None:
+            before(i, model)
         loss = model(x).square().mean()
         loss.backward()
         optimizer.step()
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=set_to_none)
         losses.append(loss.item())
     if evaluate is not None:
         seen.append(evaluate(model))
@@ -419,18 +422,12 @@ def test_a_layer_frozen_with_its_gradient_kept_steps_as_pytorch_steps_it(uvm):
     then still has one, and PyTorch's step moves it (its momentum). The
     streamed step steps it too, as all resident (tests/python/
     test_lifecycle.py found the difference on the CPU)."""
+    def freeze_first(i, model):
+        if i == 2:
+            model[0].requires_grad_(False)
+
     def loop(model, optimizer):
-        layers = list(model)
-        losses = []
-        for i, x in enumerate(data(4)):
-            if i == 2:
-                layers[0].requires_grad_(False)
-            loss = model(x).square().mean()
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=False)
-            losses.append(loss.item())
-        return losses
+        return train(model, optimizer, data(4), before=freeze_first, set_to_none=False)[0]
     both(uvm, lambda: make_model(width=1024), loop, budget=24 * MiB,
          make_optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9))
 
@@ -459,16 +456,11 @@ def test_a_tied_weight_whose_owner_did_not_run_trains_as_all_resident(uvm, in_ba
     """Every other step the weight's owner is not routed to: its gradient
     comes through the other layer alone, goes home, and steps
     (tests/python/test_lifecycle.py found it stayed out of the books)."""
+    def route(i, model):
+        model.skip = bool(i % 2)
+
     def loop(model, optimizer):
-        losses = []
-        for i, x in enumerate(data(4)):
-            model.skip = bool(i % 2)
-            loss = model(x).square().mean()
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            losses.append(loss.item())
-        return losses
+        return train(model, optimizer, data(4), before=route)[0]
     both(uvm, TiedRouted, loop, budget=24 * MiB, in_backward=in_backward)
 
 
