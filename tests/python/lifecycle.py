@@ -47,7 +47,6 @@ class FakeExecutor:
         self._order: List[int] = []
         self.trainable = {i: list(u.trainable) for i, u in enumerate(units)}
         self.running: Dict[int, bool] = {}
-        self.began: set = set()              # units whose backward began in this backward
         self.home: Counter = Counter()       # their gradients sent home, this backward
         self.backwards: List[Dict[int, int]] = []   # each backward's `home`, at its end
         self.stepping = False
@@ -97,9 +96,7 @@ class FakeExecutor:
             self.seen.append(i)
         if backward and not self.in_backward:
             self.in_backward = True
-            self.began, self.home = set(), Counter()
-        if backward:
-            self.began.add(i)
+            self.home = Counter()
         self.running[i] = True
 
     def after(self, i) -> None:
