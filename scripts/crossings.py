@@ -16,6 +16,7 @@ import argparse
 import collections
 import json
 import os
+import platform
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,6 +24,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
+
+from benchmarks.method import machine  # noqa: E402
 
 from lifecycle import cpu_streams, offload_on_cpu  # noqa: E402
 
@@ -108,7 +111,10 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=28)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    result = {"torch": torch.__version__,
+    where = machine() | {"cpu": platform.processor() or platform.machine()}
+    for key in ("gpu", "driver"):      # (counted without one: said so, not left empty)
+        where[key] = where[key] or "none: counted on the CPU"
+    result = {"machine": where,
               "step_after_backward": count(args.layers, False),
               "step_in_backward": count(args.layers, True)}
     for mode in ("step_after_backward", "step_in_backward"):
