@@ -33,7 +33,7 @@ from lifecycle import cpu_streams, offload_on_cpu  # noqa: E402
 # call is one callback from PyTorch (a module hook, a tensor hook, a
 # gradient hook, autograd's end-of-backward callback).
 CALLBACKS = {"_pre", "_post", "_begin", "_end_forward", "_cast_cache_off", "_cast_cache_back",
-             "hook", "_on_grad", "_end_backward"}
+             "hook", "_grads_done", "_end_backward"}
 
 
 class Layer(torch.nn.Module):
@@ -82,6 +82,9 @@ def count(layers, in_backward):
         handle, executor = offload_on_cpu(net)
         counting = Counting(executor)
         handle.state.executor = counting
+        # (the gradient hooks count into the lifecycle in C++: no crossing)
+        life = Counting(handle.state.lifecycle)
+        handle.state.lifecycle = life
         optimizer = handle.stream_optimizer(torch.optim.AdamW(net.parameters(), lr=1e-3),
                                             step_in_backward=in_backward)
         callbacks = collections.Counter()
@@ -94,14 +97,18 @@ def count(layers, in_backward):
         for step in range(3):
             if step == 2:
                 counting.calls.clear()
+                life.calls.clear()
                 sys.setprofile(profile)
             net(tokens).square().mean().backward()
             optimizer.step()
             optimizer.zero_grad()
         sys.setprofile(None)
     units = len(handle.units)
+    crossings = sum(counting.calls.values()) + sum(life.calls.values())
     return {"units": units, "executor_calls": dict(counting.calls),
             "executor_calls_per_unit": round(sum(counting.calls.values()) / units, 2),
+            "lifecycle_calls": dict(life.calls),
+            "crossings_per_unit": round(crossings / units, 2),
             "callbacks": dict(callbacks),
             "callbacks_per_unit": round(sum(callbacks.values()) / units, 2)}
 
@@ -120,7 +127,8 @@ def main() -> int:
     for mode in ("step_after_backward", "step_in_backward"):
         r = result[mode]
         print(f"{mode}: {r['units']} units; executor calls {sum(r['executor_calls'].values())} "
-              f"({r['executor_calls_per_unit']} a unit): {r['executor_calls']}; Python callbacks "
+              f"({r['executor_calls_per_unit']} a unit): {r['executor_calls']}; lifecycle calls "
+              f"{r['lifecycle_calls']}; crossings {r['crossings_per_unit']} a unit; Python callbacks "
               f"{sum(r['callbacks'].values())} ({r['callbacks_per_unit']} a unit): "
               f"{r['callbacks']}")
     if args.out:

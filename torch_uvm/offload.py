@@ -259,7 +259,7 @@ class Offloaded:
             self._begin(args, {})
         elif state.host_steps.pending:  # (non_blocking: its own step; else every one, unless
             # a backward recomputes this forward, or it is called on its own before step())
-            state.host_steps.before_forward(unit.index, recomputed=state.backward.active)
+            state.host_steps.before_forward(unit.index, recomputed=state.lifecycle.backward_active())
         state.executor.before(unit.index, False)
 
     def _post(self, unit: Unit, output=None) -> None:

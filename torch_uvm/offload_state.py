@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from . import _C
 from .offload_units import Unit
 
 # What training streams beside the resident prefix, in units of the largest
@@ -44,22 +45,12 @@ def window_bytes(mode: str, training: bool, ahead: int, largest: int,
     return per_streamed * largest + per_any * largest_trainable
 
 
-class BackwardState:
-    """What one offload knows of the backward under way."""
-    __slots__ = ("active", "frozen_running", "stepped_since_step", "step_stream", "on_host")
-
-    def __init__(self):
-        self.active = False           # a backward runs: its end is queued
-        self.frozen_running: List[Unit] = []   # brought, no gradient will release them
-        self.stepped_since_step = False        # step_in_backward stepped, step() not called
-        self.step_stream = None       # step_in_backward's steps run on it (made when first needed)
-        self.on_host: set = set()     # the indices of the units that step on the host (host_step)
-
-
 class OffloadState:
     """One offload's settings, units, executor, optimizers and passes.
     `host_steps` is its host_step.HostSteps (made by the caller: this
-    module stands below host_step.py)."""
+    module stands below host_step.py). Each unit's state through a training
+    pass (its backward, gradients and step) is `lifecycle`'s
+    (csrc/core/unit_lifecycle.h), by the unit's index."""
 
     def __init__(self, module: torch.nn.Module, device: torch.device, budget: int, ahead: int,
                  mode: str, units: List[Unit], host_steps, replaced_ids: set):
@@ -68,6 +59,8 @@ class OffloadState:
         self.asked = mode             # the mode offload() was given
         self.choose = False           # auto, small inputs: in place or prefetch after it
         self.units = units
+        for k, u in enumerate(units):    # (the executor gives each the same index)
+            u.index = k
         self.training = False         # planned for training (a forward built a graph)
         self.planned_step = 0         # the largest trainable bytes the plan made room for
         self.ranks: Optional[Dict[int, int]] = None   # forward_rank's, once planned
@@ -76,9 +69,10 @@ class OffloadState:
         self.optimizers: List[tuple] = []   # (optimizer, its own step)
         self.host_step = 0.0                # the share of streamed units stepped on the host
         self.host_steps = host_steps
-        self.backward = BackwardState()
+        self.lifecycle = _C.UnitLifecycle([u.name for u in units])
+        self.step_stream = None             # step_in_backward's steps run on it (made when needed)
         self.param_ids: set = set()         # the streamed parameters' ids (install)
-        self.hooked: set = set()            # ids of those with our gradient hook
+        self.gradient_hooks = None          # _C.GradientHooks, counting into lifecycle (install)
         self.hooks: list = []               # every hook it added (undo() removes them)
         self.replaced_ids = replaced_ids    # the ids of the module's tensors it replaced
 
@@ -109,7 +103,8 @@ class OffloadState:
         """The names of the submodules among `params`' whose gradients
         stepped in this backward (step_in_backward) and are gone until the
         next backward: what a clipping of them would not see."""
-        if not (self.step_in_backward and self.backward.stepped_since_step):
+        if not self.step_in_backward:
             return []
         ids = {id(p) for p in params}
-        return [u.name for u in self.units if u.stepped and any(id(p) in ids for p in u.params)]
+        return [self.units[i].name for i in self.lifecycle.stepped_in_backward()
+                if any(id(p) in ids for p in self.units[i].params)]

@@ -73,30 +73,30 @@ def install(state: "OffloadState") -> None:
                 owner.add(id(p))
                 u.params.append(p)
     state.param_ids = owner
-    state.hooked = set()
+    # Gradients are counted in C++ (csrc/torch/gradient_hooks.h): Python
+    # hears of a unit once, when its last gradient came. The hooks are held
+    # in C++, out of the collector's reach: the call holds a weak reference
+    # (one that held the state, or a unit, would keep a module dropped
+    # without undo alive for good).
+    ref = weakref.ref(state)
+    state.gradient_hooks = _C.GradientHooks(state.lifecycle, lambda i: _grads_done(ref, i))
+    state.hooks.append(state.gradient_hooks)    # (undo() removes them)
     follow_trainable(state)
 
 
 def follow_trainable(state: "OffloadState") -> None:
     """Each unit's trainable parameters as ``requires_grad`` says now
     (progressive unfreezing, a GAN's discriminator frozen for the
-    generator's step): a hook after each accumulated gradient counts it,
-    and when a submodule has all of its gradients they go to the executor."""
-    # A tensor's hooks are held in C++, out of the collector's reach: one that
-    # held the state (or a unit, which holds its module) would keep a module
-    # dropped without undo alive for good. They hold a weak reference.
-    ref = weakref.ref(state)
+    generator's step): their gradients are counted, and when a submodule
+    has all of its gradients they go to the executor."""
     for i, u in enumerate(state.units):
         now = [p for p in u.params if p.requires_grad]
         if len(now) == len(u.trainable) and all(a is b for a, b in zip(now, u.trainable)):
             continue
         for p in now:
-            if id(p) not in state.hooked:
-                state.hooked.add(id(p))
-                state.hooks.append(p.register_post_accumulate_grad_hook(
-                    lambda p, ref=ref, i=i: _on_grad(ref, i)))
+            state.gradient_hooks.add(i, p)    # (once a parameter)
         u.trainable = now
-        u.grads_expected = len(now)
+        state.lifecycle.set_expected(i, len(now))
         if state.executor is not None:
             state.executor.set_trainable(u.index, now)
 
@@ -122,84 +122,59 @@ def after_forward(state: "OffloadState", unit: "Unit", output) -> None:
 
 
 def before_backward(state: "OffloadState", unit: "Unit") -> None:
-    backward = state.backward
-    if not backward.active:
-        if state.step_in_backward and backward.stepped_since_step:
-            raise RuntimeError(
-                "torch_uvm: a second backward before optimizer.step(): with step_in_backward, "
-                "each submodule already stepped during the last backward. Call "
-                "optimizer.step() after every backward; to accumulate gradients over several, "
-                "use stream_optimizer(optimizer, step_in_backward=False)")
-        backward.active = True
-        backward.on_host = {u.index for u in host_step.choose(state)}
+    life = state.lifecycle
+    opened, released = life.backward_begins(unit.index, state.step_in_backward)
+    if opened:
+        life.set_host_units([u.index for u in host_step.choose(state)])
         ref = weakref.ref(state)
         torch.autograd.Variable._execution_engine.queue_callback(lambda: _end_backward(ref))
     executor = state.executor
-    # submodules without gradients of their own were running: done by now
-    for u in backward.frozen_running:
-        executor.after(u.index)
-    backward.frozen_running.clear()
+    for i in released:    # submodules without gradients of their own were running: done by now
+        executor.after(i)
     if state.host_steps.pending:     # (a graph built before a non_blocking step: its own first)
         state.host_steps.wait_unit(unit.index)
     executor.before(unit.index, True)
-    if unit.grads_expected == 0:
-        backward.frozen_running.append(unit)
 
 
-def _on_grad(ref: "weakref.ref[OffloadState]", i: int) -> None:
+def _grads_done(ref: "weakref.ref[OffloadState]", i: int) -> None:
+    """Unit `i`'s last gradient of this backward came (counted per backward,
+    autograd's graph task, whether or not the unit's own backward began: a
+    tied weight, a regularizer over it)."""
     state = ref()
     if state is None or state.executor is None:
         return
-    unit = state.units[i]
-    # A unit counts the gradients of the backward (autograd's graph task) it
-    # is in, from none: whether or not its own backward began (another unit
-    # uses its parameter: a tied weight whose owner was not routed to, or a
-    # regularizer over it), and however early the gradient came.
-    task = torch._C._current_graph_task_id()
-    if unit.grads_task != task:
-        unit.grads_task, unit.grads_seen = task, 0
-    unit.grads_seen += 1
-    if unit.grads_seen == unit.grads_expected:
-        _grads_complete(state, unit)
+    _grads_complete(state, state.units[i])
 
 
 def _grads_complete(state: "OffloadState", unit: "Unit") -> None:
     executor = state.executor
-    backward = state.backward
+    life = state.lifecycle
     if not state.step_in_backward or not state.optimizers:
         executor.grads_ready(unit.index, True)
         return
-    if unit.stepped:
-        raise RuntimeError(
-            f"torch_uvm: the gradients of submodule '{unit.name}' came twice in one backward "
-            f"(reentrant activation checkpointing runs each segment's backward on its own, and "
-            f"this submodule is in two): with step_in_backward it would step on each part "
-            f"alone. Use checkpoint(..., use_reentrant=False), or "
-            f"stream_optimizer(optimizer) without step_in_backward")
-    if unit.index in backward.on_host:
-        # home without the backward waiting for the copy; if the host cannot
-        # take it now, optimizer.step() steps it
+    # (refused if it stepped in this backward already)
+    if life.steps_in_backward(unit.index):
+        # on the host: home without the backward waiting for the copy; if
+        # the host cannot take it now, optimizer.step() steps it
         executor.grads_ready(unit.index, True, False)
         if state.host_steps.submit(state, unit, state.optimizers, in_backward=True):
             for p in unit.trainable:    # (those no optimizer steps too, as on the GPU)
                 p.grad = None
-            unit.stepped = True
-            backward.stepped_since_step = True
+            life.stepped(unit.index, in_backward=True)
         return
     executor.grads_ready(unit.index, False)
-    if backward.step_stream is None:
-        backward.step_stream = torch.cuda.Stream(state.device)
-    backward.step_stream.wait_stream(torch.cuda.current_stream(state.device))
+    if state.step_stream is None:
+        state.step_stream = torch.cuda.Stream(state.device)
+    state.step_stream.wait_stream(torch.cuda.current_stream(state.device))
     # On the step stream, the executor's bring waits there, step_done's copies
     # home wait for it, and the gradients' memory is let go after it.
-    with torch.cuda.stream(backward.step_stream):
+    with torch.cuda.stream(state.step_stream):
         for optimizer, own in state.optimizers:
             _step_unit(state, optimizer, own, unit, with_grads=False)
         for p in unit.trainable:
             p.grad = None
         executor.discard_grads(unit.index)
-    unit.stepped = True
-    backward.stepped_since_step = True
+    life.stepped(unit.index, in_backward=True)
 
 
 def _end_backward(ref: "weakref.ref[OffloadState]") -> None:
@@ -213,22 +188,18 @@ def end_failed_backward(state: "OffloadState") -> None:
     """A backward that raised half-way never reached its end (autograd runs
     no queued callback then): before the next forward, outside any
     backward, it ends now."""
-    if state.backward.active and torch._C._current_graph_task_id() == -1:
+    if state.lifecycle.backward_active() and torch._C._current_graph_task_id() == -1:
         finish_backward(state)
 
 
 def finish_backward(state: "OffloadState") -> None:
     """The end of a backward: the compute stream waits for the steps in
     backward, gradients that came only in part go home, holds end."""
-    backward = state.backward
-    backward.active = False
-    backward.frozen_running.clear()
-    if backward.step_stream is not None:  # what follows sees every step's writes
-        torch.cuda.current_stream(state.device).wait_stream(backward.step_stream)
-    for u in state.units:            # some gradients never came (an unused branch)
-        if 0 < u.grads_seen < u.grads_expected:
-            u.grads_seen = 0
-            state.executor.grads_ready(u.index, True)
+    partial = state.lifecycle.end_backward()
+    if state.step_stream is not None:  # what follows sees every step's writes
+        torch.cuda.current_stream(state.device).wait_stream(state.step_stream)
+    for i in partial:                # some gradients never came (an unused branch)
+        state.executor.grads_ready(i, True)
     state.executor.end_pass()
 
 
@@ -319,10 +290,7 @@ def run_closure(state: "OffloadState", closure):
         with torch.enable_grad():
             return closure()
     except BaseException as e:
-        stepped = [u.name for u in state.units if u.stepped]
-        for u in state.units:
-            u.stepped = False
-        state.backward.stepped_since_step = False
+        stepped = [state.units[i].name for i in state.lifecycle.step_ends()]
         if state.executor is not None:
             end_failed_backward(state)
             state.executor.end_pass()
@@ -480,12 +448,15 @@ def step(state: "OffloadState", optimizer: torch.optim.Optimizer, original_step,
     stepped: List[str] = []
     try:
         mine = [(optimizer, original_step)]
+        life = state.lifecycle
         for u in host_step.choose(state):   # the host steps them while the GPU steps the rest
-            if not u.stepped and state.host_steps.submit(state, u, mine, in_backward=False):
-                u.stepped = True
+            if not life.has_stepped(u.index) and \
+                    state.host_steps.submit(state, u, mine, in_backward=False):
+                life.stepped(u.index, in_backward=False)
                 stepped.append(u.name)
+        skip = set(life.stepped_units())    # (in backward, or on the host)
         for u in state.units_in_order():
-            if u.stepped:
+            if u.index in skip:
                 continue
             try:
                 if _step_unit(state, optimizer, original_step, u, with_grads=True,
@@ -510,9 +481,7 @@ def step(state: "OffloadState", optimizer: torch.optim.Optimizer, original_step,
             state.host_steps.end_step()   # as torch.optim promises: every weight stepped
             # (unless non_blocking: then each unit's next forward waits for its own)
         finally:
-            for u in state.units:
-                u.stepped = False
-            state.backward.stepped_since_step = False
+            state.lifecycle.step_ends()
             state.executor.end_pass()
 
 

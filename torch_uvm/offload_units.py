@@ -22,7 +22,7 @@ class Unit:
     """A module (the root) whose members' own parameters and buffers
     stream as one."""
     __slots__ = ("name", "module", "members", "targets", "buffers", "params", "trainable",
-                 "index", "grads_expected", "grads_seen", "grads_task", "stepped")
+                 "index")
 
     def __init__(self, name: str, module: torch.nn.Module, targets: List[torch.Tensor]):
         self.name, self.module, self.targets = name, module, targets
@@ -30,10 +30,7 @@ class Unit:
         self.buffers: List[torch.Tensor] = []           # the targets that are buffers
         self.params: List[torch.nn.Parameter] = []      # whose gradients it streams, if any
         self.trainable: List[torch.nn.Parameter] = []   # those that require grad now
-        self.index = -1                                  # in the executor
-        self.grads_expected = self.grads_seen = 0
-        self.grads_task = -1                             # the backward grads_seen counts in
-        self.stepped = False                             # in this backward
+        self.index = -1                                  # in the executor and the lifecycle
 
     @property
     def nbytes(self) -> int:

@@ -21,6 +21,13 @@ class OutOfMemoryError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Calls in an order the engine cannot follow (a second backward before the
+// optimizer's step, with step_in_backward): the caller changes its loop.
+class OrderError : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
 // A driver call failed. The message names the call and the driver's error.
 class RuntimeError : public std::runtime_error {
  public:

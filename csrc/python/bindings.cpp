@@ -1,15 +1,18 @@
 // The Python module torch_uvm._C: a thin layer over include/torch_uvm/torch_uvm.h.
 // torch_uvm/__init__.py documents and types these for users.
+#include <pybind11/functional.h>
 #include <torch/extension.h>
 
 #include "core/config.h"
 #include "core/residency.h"
+#include "core/unit_lifecycle.h"
 #include "python/driver_counters.h"
 #include "torch/pinned_home.h"
 #include "torch/slot_memory.h"
 #include "torch/managed_allocator.h"
 #include "torch/managed_tensor.h"
 #include "torch/forked_worker_memory.h"
+#include "torch/gradient_hooks.h"
 #include "torch/state.h"
 #include "torch/stream_executor.h"
 #include "torch_uvm/torch_uvm.h"
@@ -50,6 +53,24 @@ std::optional<c10::Stream> to_stream(const py::object& stream) {
                               stream.attr("device_index").cast<c10::DeviceIndex>(),
                               static_cast<c10::DeviceType>(stream.attr("device_type").cast<int64_t>()));
 }
+
+// A StreamExecutor's call as Python makes it: the GIL released, then the
+// executor's lock held for the whole call (stream_executor.h, threading).
+// Arguments are converted before (under the GIL), the result after, from a
+// copy made under the lock. Without the GIL while waiting for the lock, no
+// thread holds the GIL and waits for a thread that needs it.
+template <typename R, typename... A, typename F>
+auto locked_call(F f) {
+  return [f](StreamExecutor& e, A... a) -> std::decay_t<R> {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lock(e.calls_lock());
+    return (e.*f)(std::forward<A>(a)...);
+  };
+}
+template <typename R, typename... A>
+auto locked(R (StreamExecutor::*f)(A...)) { return locked_call<R, A...>(f); }
+template <typename R, typename... A>
+auto locked(R (StreamExecutor::*f)(A...) const) { return locked_call<R, A...>(f); }
 
 }  // namespace
 
@@ -220,40 +241,75 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            }),
            py::arg("share"), py::arg("device"), py::arg("ahead"), py::arg("in_place"),
            py::arg("training"))
-      .def("add_unit", &StreamExecutor::add_unit, py::arg("name"), py::arg("targets"),
+      .def("add_unit", locked(&StreamExecutor::add_unit), py::arg("name"), py::arg("targets"),
            py::arg("trainable"), py::arg("buffers") = std::vector<at::Tensor>{})
-      .def("plan", &StreamExecutor::plan)
-      .def("streamed_per_pass", &StreamExecutor::streamed_per_pass)
-      .def("set_in_place", &StreamExecutor::set_in_place)
-      .def("planned", &StreamExecutor::planned)
-      .def("order", &StreamExecutor::order)
-      .def("resident", &StreamExecutor::resident)
-      .def("before", &StreamExecutor::before)
-      .def("after", &StreamExecutor::after)
-      .def("grads_ready", &StreamExecutor::grads_ready, py::arg("unit"), py::arg("send_home"),
-           py::arg("wait_home") = true)
-      .def("discard_grads", &StreamExecutor::discard_grads)
-      .def("step_begins", &StreamExecutor::step_begins)
-      .def("bring", &StreamExecutor::bring, py::arg("tensors"), py::arg("new_bytes") = 0)
-      .def("step_done", &StreamExecutor::step_done)
-      .def("end_pass", &StreamExecutor::end_pass)
-      .def("evict_unused", &StreamExecutor::evict_unused)
-      .def("evict_all", &StreamExecutor::evict_all)
-      .def("evict_unit", &StreamExecutor::evict_unit)
-      .def("set_home_busy", &StreamExecutor::set_home_busy)
+      .def("plan", locked(&StreamExecutor::plan))
+      .def("streamed_per_pass", locked(&StreamExecutor::streamed_per_pass))
+      .def("set_in_place", locked(&StreamExecutor::set_in_place))
+      .def("planned", locked(&StreamExecutor::planned))
+      .def("order", locked(&StreamExecutor::order))
+      .def("resident", locked(&StreamExecutor::resident))
+      .def("before", locked(&StreamExecutor::before))
+      .def("after", locked(&StreamExecutor::after))
+      .def("grads_ready", locked(&StreamExecutor::grads_ready), py::arg("unit"),
+           py::arg("send_home"), py::arg("wait_home") = true)
+      .def("discard_grads", locked(&StreamExecutor::discard_grads))
+      .def("step_begins", locked(&StreamExecutor::step_begins))
+      .def("bring", locked(&StreamExecutor::bring), py::arg("tensors"), py::arg("new_bytes") = 0)
+      .def("step_done", locked(&StreamExecutor::step_done))
+      .def("end_pass", locked(&StreamExecutor::end_pass))
+      .def("evict_unused", locked(&StreamExecutor::evict_unused))
+      .def("evict_all", locked(&StreamExecutor::evict_all))
+      .def("evict_unit", locked(&StreamExecutor::evict_unit))
+      .def("set_home_busy", locked(&StreamExecutor::set_home_busy))
       // the cudaStream_t, for torch.cuda.ExternalStream
       .def("home_stream",
            [](const StreamExecutor& e) {
              return reinterpret_cast<std::intptr_t>(e.home_stream().stream());
            })
-      .def("set_training", &StreamExecutor::set_training)
-      .def("set_trainable", &StreamExecutor::set_trainable)
-      .def("largest_trainable", &StreamExecutor::largest_trainable)
-      .def("holders", &StreamExecutor::holders)
-      .def("staged", &StreamExecutor::staged)
-      .def("streamed_tensors", &StreamExecutor::streamed_tensors)
-      .def("bytes_on_gpu", &StreamExecutor::bytes_on_gpu);
+      .def("set_training", locked(&StreamExecutor::set_training))
+      .def("set_trainable", locked(&StreamExecutor::set_trainable))
+      .def("largest_trainable", locked(&StreamExecutor::largest_trainable))
+      .def("holders", locked(&StreamExecutor::holders))
+      .def("staged", locked(&StreamExecutor::staged))
+      .def("streamed_tensors", locked(&StreamExecutor::streamed_tensors))
+      .def("bytes_on_gpu", locked(&StreamExecutor::bytes_on_gpu));
   m.attr("SMALLEST_STREAMED_STATE") = StreamExecutor::kSmallestStreamed;
+  // What decides when an offload's units step (core/unit_lifecycle.h),
+  // driven by torch_uvm/offload_training.py's hooks. Its OrderError is a
+  // RuntimeError here.
+  py::class_<UnitLifecycle, std::shared_ptr<UnitLifecycle>>(m, "UnitLifecycle")
+      .def(py::init<std::vector<std::string>>(), py::arg("names"))
+      .def("set_expected", &UnitLifecycle::set_expected)
+      .def("expected", &UnitLifecycle::expected)
+      .def("backward_begins",
+           [](UnitLifecycle& l, int unit, bool step_in_backward) {
+             auto b = l.backward_begins(unit, step_in_backward);
+             return py::make_tuple(b.opened, b.released);
+           })
+      .def("gradient", &UnitLifecycle::gradient)
+      .def("steps_in_backward", &UnitLifecycle::steps_in_backward)
+      .def("stepped", &UnitLifecycle::stepped, py::arg("unit"), py::arg("in_backward"))
+      .def("has_stepped", &UnitLifecycle::has_stepped)
+      .def("stepped_units", &UnitLifecycle::stepped_units)
+      .def("stepped_in_backward", &UnitLifecycle::stepped_in_backward)
+      .def("set_host_units", &UnitLifecycle::set_host_units)
+      .def("on_host", &UnitLifecycle::on_host)
+      .def("backward_active", &UnitLifecycle::backward_active)
+      .def("end_backward", &UnitLifecycle::end_backward)
+      .def("step_ends", &UnitLifecycle::step_ends)
+      .def("state", [](const UnitLifecycle& l, int unit) { return to_string(l.state(unit)); })
+      .def("check", &UnitLifecycle::check);
+  // Its units' gradients counted in C++ (torch/gradient_hooks.h): `complete`
+  // is called with a unit's index once its last gradient of a backward came
+  // (holding the GIL; an exception it raises fails the backward).
+  py::class_<GradientHooks>(m, "GradientHooks")
+      .def(py::init<std::shared_ptr<UnitLifecycle>, GradientHooks::Complete>(),
+           py::arg("lifecycle"), py::arg("complete"))
+      .def("add", &GradientHooks::add, py::arg("unit"), py::arg("param"))
+      .def("hooked", &GradientHooks::hooked)
+      .def("__len__", &GradientHooks::size)
+      .def("remove", &GradientHooks::remove);
   // How streamed bytes cross the link (streamed_tensor.h): "copy_engine" or
   // "kernel", to the GPU and home. For benchmarks comparing them.
   m.def("set_copy_mechanisms", [](const std::string& to_gpu, const std::string& home) {

@@ -26,6 +26,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -162,7 +163,15 @@ class StreamExecutor {
   int units() const { return static_cast<int>(units_.size()); }
   std::size_t unit_bytes(int unit) const;
 
+  // Threading: the executor is one thread's at a time. Its calls come from
+  // the caller's thread and autograd's device thread; each holds this lock
+  // for the whole call (the Python bindings take it with the GIL released,
+  // so a wait on the GPU inside holds no other Python thread: a host step's
+  // worker runs on meanwhile).
+  std::mutex& calls_lock() { return calls_lock_; }
+
  private:
+  std::mutex calls_lock_;
   struct Entry {
     std::unique_ptr<StreamedTensor> tensor;
     std::string name;     // in traces: its submodule's, or "<submodule>.grad"

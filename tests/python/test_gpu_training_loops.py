@@ -776,10 +776,10 @@ def test_a_backward_that_raises_half_way_is_ended_before_the_next_forward(uvm):
     out.register_hook(lambda g: (_ for _ in ()).throw(KeyError("a hook that fails")))
     with pytest.raises(KeyError):
         (out * 2).square().mean().backward()
-    assert handle.state.backward.active                        # autograd left it so
+    assert handle.state.lifecycle.backward_active()                        # autograd left it so
     with torch.no_grad():
         model(data(1)[0])
-    assert not handle.state.backward.active
+    assert not handle.state.lifecycle.backward_active()
     optimizer.zero_grad()
     train(model, optimizer, data(2))
     assert handle.executor.holders().startswith("no streamed unit")

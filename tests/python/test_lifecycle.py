@@ -275,7 +275,7 @@ def test_a_backward_that_raises_half_way_is_ended_and_training_goes_on():
         assert torch.equal(a, b)
     assert len(executor.backwards) == 4      # the failed one was ended too
     assert executor.backwards[1] == {1: 1, 2: 1}   # the layers its gradients reached
-    assert not handle.state.backward.active and not any(executor.running.values())
+    assert not handle.state.lifecycle.backward_active() and not any(executor.running.values())
 
 
 @pytest.mark.parametrize("in_backward", [False, True], ids=["step_after", "step_in_backward"])
