@@ -3,10 +3,11 @@ torch_uvm and from this one, interleaved in one run, as ratios with their
 spread (new over old, higher is better).
 
     python benchmarks/trees.py --make-old REV DIR
-        (here, with git: DIR gets REV's torch_uvm/*.py and this tree's
-        benchmarks/, so only torch_uvm's Python differs; refused when REV's
-        csrc/ differs from this tree's, since DIR runs this tree's _C)
-    python benchmarks/trees.py --old DIR [--rounds 3] [--cases mlp/torch_uvm,...] --out OUT
+        (here, with git: DIR gets REV's torch_uvm/, csrc/, include/ and
+        setup.py, and this tree's benchmarks/, so the benchmarks are the
+        same and only torch_uvm differs)
+    (cd DIR && python setup.py build_ext --inplace)     (on the GPU machine)
+    python benchmarks/trees.py --old DIR [--rounds 3] [--cases ...] --out OUT
 
 Each case is SCRIPT:SCENARIO/VARIANT of a benchmark that runs one variant
 per process (`--scenario S --variant V`, printing a RESULT line): by
@@ -43,35 +44,20 @@ CASES = ["offload_train:mlp/torch_uvm", "offload_train:mlp/torch_uvm_in_backward
 
 
 def make_old(rev: str, out: str) -> None:
-    """`out` gets `rev`'s torch_uvm package (its Python) and this tree's
-    benchmarks, to run against this tree's native module."""
-    diff = subprocess.run(["git", "diff", "--stat", rev, "HEAD", "--", "csrc"], cwd=ROOT,
-                          capture_output=True, text=True, check=True).stdout
-    if diff.strip():
-        sys.exit(f"{rev}'s csrc/ differs from HEAD's: its Python would run against another "
-                 f"native module than its own; build that tree apart instead\n{diff}")
+    """`out` gets `rev`'s torch_uvm package and its native module's sources,
+    and this tree's benchmarks."""
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    archive = subprocess.run(["git", "archive", rev, "torch_uvm"], cwd=ROOT,
-                             capture_output=True, check=True).stdout
+    archive = subprocess.run(["git", "archive", rev, "torch_uvm", "csrc", "include", "setup.py"],
+                             cwd=ROOT, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", out], input=archive, check=True)
-    for so in glob.glob(os.path.join(out, "torch_uvm", "*.so")):
-        os.remove(so)
     shutil.copytree(HERE, os.path.join(out, "benchmarks"),
                     ignore=shutil.ignore_patterns("results", "__pycache__"))
     with open(os.path.join(out, "REV"), "w") as f:
         f.write(subprocess.run(["git", "rev-parse", rev], cwd=ROOT, capture_output=True,
                                text=True, check=True).stdout)
-    print(f"{out}: torch_uvm/ of {rev}, benchmarks/ of this tree")
-
-
-def link_native(old: str) -> None:
-    """The old tree runs this tree's built native module."""
-    built = glob.glob(os.path.join(ROOT, "torch_uvm", "_C*.so"))
-    if not built:
-        sys.exit("build this tree's native module first (python setup.py build_ext --inplace)")
-    for so in built:
-        shutil.copy2(so, os.path.join(old, "torch_uvm", os.path.basename(so)))
+    print(f"{out}: torch_uvm/, csrc/, include/ and setup.py of {rev}, benchmarks/ of this tree; "
+          f"build its native module there (python setup.py build_ext --inplace)")
 
 
 def figure(result: dict) -> tuple:
@@ -104,7 +90,9 @@ def main(argv=None):
         return
     if not args.old:
         ap.error("--old DIR (made by --make-old) or --make-old REV DIR")
-    link_native(args.old)
+    if not glob.glob(os.path.join(args.old, "torch_uvm", "_C*.so")):
+        ap.error(f"{args.old} has no native module: build it there first "
+                 f"(python setup.py build_ext --inplace)")
     with open(os.path.join(args.old, "REV")) as f:
         old_rev = f.read().strip()
     trees = {"old": os.path.abspath(args.old), "new": ROOT}
