@@ -76,6 +76,55 @@ def run_case(tree: str, case: str, timeout: int):
                         scenario=scenario, variant=variant)
 
 
+def report(cases, runs, rates, old_rev, rounds, out):
+    """The table, trees.json and trees.png of the rounds so far."""
+    trees = ("old", "new")
+    rows, compared = {}, {}
+    for case in cases:
+        values = {t: [figure(x)[0] if x else None for x in runs[case][t]] for t in trees}
+        ok = next((x for t in trees for x in runs[case][t] if x), None)
+        unit = figure(ok)[2] if ok else "?"
+        compared[case] = method.ratio(values["new"], values["old"], lower_is_better=False)
+        rows[case] = {
+            "unit": unit,
+            **{t: method.summarize([v for v in values[t] if v is not None]) for t in trees},
+            "process_gpu_memory": {t: method.gpu_memory_cell(
+                [x.get("process_gpu_memory") for x in runs[case][t] if x]) for t in trees},
+            "host_peak_gib": {t: max([x.get("host_peak_bytes") or 0 for x in runs[case][t] if x]
+                                     or [0]) / 2**30 for t in trees},
+            "losses_equal": all(
+                a is not None and b is not None and a.get("losses") == b.get("losses")
+                for a, b in zip(runs[case]["old"], runs[case]["new"])),
+        }
+    print(f"\nold: torch_uvm/ of {old_rev[:10]}; new: this tree; {rounds} rounds, "
+          f"pinned rate {method.summarize([x['h2d_gbps'] for x in rates if x and 'h2d_gbps' in x])}")
+    print("| case | old | new | new / old (min–max) | GPU memory old / new | host peak old / new | "
+          "same losses |")
+    print("|---|---|---|---|---|---|---|")
+    for case in cases:
+        row, c = rows[case], compared[case]
+        cell = (lambda s: "failed" if not s else f"{s['median']:.3g} {row['unit']}")
+        ratio = "—" if not c else f"{c['median']:.3f} ({c['min']:.3f}–{c['max']:.3f})"
+        print(f"| {case} | {cell(row['old'])} | {cell(row['new'])} | {ratio} | "
+              f"{row['process_gpu_memory']['old']} / {row['process_gpu_memory']['new']} | "
+              f"{row['host_peak_gib']['old']:.1f} / {row['host_peak_gib']['new']:.1f} GiB | "
+              f"{row['losses_equal']} |")
+    os.makedirs(out, exist_ok=True)
+    method.write(os.path.join(out, "trees.json"), compared, old_rev=old_rev, rows=rows,
+                 runs=runs, pinned_rates=rates, rounds=rounds)
+    plt = method.pyplot()
+    if plt is not None:
+        names = [c for c in cases if compared[c]]
+        med, err = method.error_bars([compared[c] for c in names])
+        fig, ax = plt.subplots(figsize=(8, 3 + 0.4 * len(names)))
+        ax.barh(range(len(names)), med, xerr=err)
+        ax.axvline(1.0, color="k", lw=0.8)
+        ax.set_yticks(range(len(names)), names)
+        ax.set_xlabel(f"new / old (higher is better; old = {old_rev[:10]})")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "trees.png"))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--make-old", nargs=2, metavar=("REV", "DIR"))
@@ -109,50 +158,8 @@ def main(argv=None):
             order = ["old", "new"] if (r + k) % 2 == 0 else ["new", "old"]
             for t in order:
                 runs[case][t].append(run_case(trees[t], case, args.timeout))
-    rows, compared = {}, {}
-    for case in cases:
-        values = {t: [figure(x)[0] if x else None for x in runs[case][t]] for t in trees}
-        ok = next((x for t in trees for x in runs[case][t] if x), None)
-        unit = figure(ok)[2] if ok else "?"
-        compared[case] = method.ratio(values["new"], values["old"], lower_is_better=False)
-        rows[case] = {
-            "unit": unit,
-            **{t: method.summarize([v for v in values[t] if v is not None]) for t in trees},
-            "process_gpu_memory": {t: method.gpu_memory_cell(
-                [x.get("process_gpu_memory") for x in runs[case][t] if x]) for t in trees},
-            "host_peak_gib": {t: max([x.get("host_peak_bytes") or 0 for x in runs[case][t] if x]
-                                     or [0]) / 2**30 for t in trees},
-            "losses_equal": all(
-                a is not None and b is not None and a.get("losses") == b.get("losses")
-                for a, b in zip(runs[case]["old"], runs[case]["new"])),
-        }
-    print(f"\nold: torch_uvm/ of {old_rev[:10]}; new: this tree; {args.rounds} rounds, "
-          f"pinned rate {method.summarize([x['h2d_gbps'] for x in rates if x and 'h2d_gbps' in x])}")
-    print("| case | old | new | new / old (min–max) | GPU memory old / new | host peak old / new | "
-          "same losses |")
-    print("|---|---|---|---|---|---|---|")
-    for case in cases:
-        row, c = rows[case], compared[case]
-        cell = (lambda s: "failed" if not s else f"{s['median']:.3g} {row['unit']}")
-        ratio = "—" if not c else f"{c['median']:.3f} ({c['min']:.3f}–{c['max']:.3f})"
-        print(f"| {case} | {cell(row['old'])} | {cell(row['new'])} | {ratio} | "
-              f"{row['process_gpu_memory']['old']} / {row['process_gpu_memory']['new']} | "
-              f"{row['host_peak_gib']['old']:.1f} / {row['host_peak_gib']['new']:.1f} GiB | "
-              f"{row['losses_equal']} |")
-    os.makedirs(args.out, exist_ok=True)
-    method.write(os.path.join(args.out, "trees.json"), compared, old_rev=old_rev, rows=rows,
-                 runs=runs, pinned_rates=rates, rounds=args.rounds)
-    plt = method.pyplot()
-    if plt is not None:
-        names = [c for c in cases if compared[c]]
-        med, err = method.error_bars([compared[c] for c in names])
-        fig, ax = plt.subplots(figsize=(8, 3 + 0.4 * len(names)))
-        ax.barh(range(len(names)), med, xerr=err)
-        ax.axvline(1.0, color="k", lw=0.8)
-        ax.set_yticks(range(len(names)), names)
-        ax.set_xlabel(f"new / old (higher is better; old = {old_rev[:10]})")
-        fig.tight_layout()
-        fig.savefig(os.path.join(args.out, "trees.png"))
+            print(f"    {case}: done", flush=True)
+        report(cases, runs, rates, old_rev, r + 1, args.out)   # (a run cut short keeps its rounds)
     print(f"{len(cases)} cases x 2 trees x {args.rounds} rounds in {time.time() - t0:.0f} s")
 
 
