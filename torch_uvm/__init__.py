@@ -30,7 +30,7 @@ __all__ = [
     "empty_cache", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
     "set_memory_cap", "get_memory_cap", "set_release_threshold", "ADVICE",
     "set_residency_limit", "get_residency_limit", "residency_stats", "residency_shares",
-    "offload", "offload_activations", "prefetching", "evict",
+    "offload", "offload_activations", "estimate", "prefetching", "evict",
     "bring", "profile", "expect_no_gpu_faults",
 ]
 
@@ -299,6 +299,7 @@ def _validate_environment() -> None:
 
 
 from .activations import offload_activations  # noqa: E402
+from .estimate import estimate  # noqa: E402
 from .offload import offload  # noqa: E402
 from .profile import expect_no_gpu_faults, profile  # noqa: E402
 from .residency import (bring, evict, get_residency_limit, prefetching,  # noqa: E402

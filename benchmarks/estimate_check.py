@@ -1,0 +1,138 @@
+"""torch_uvm.estimate against what the committed runs measured: the process's
+GPU memory (mem_get_info, apart from the books), the host's peak, and the
+time a step or a token took, for every workload the benchmarks ran under a
+budget with a transformer config.
+
+    python benchmarks/estimate_check.py [--out DIR]
+
+The estimate's target (issue 55): GPU and host memory within 10% of the
+measured, and its time never above the measured (it is a floor). Each
+measured figure is read from its JSON here, at the path and key named;
+each estimate uses the link rate that JSON's run measured. Prints a table
+and writes estimate_check.json to --out. tests/python/test_estimate.py
+asserts the same targets."""
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from torch_uvm.estimate import estimate  # noqa: E402
+
+GiB = 1 << 30
+RESULTS = os.path.join(HERE, "results")
+LLAMA_7B = dict(model_type="llama", num_hidden_layers=32, hidden_size=4096,
+                intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32,
+                vocab_size=32000, tie_word_embeddings=False)        # offload_llama.SHAPES
+LLAMA_3B = dict(model_type="llama", num_hidden_layers=28, hidden_size=3072,
+                intermediate_size=8192, num_attention_heads=24, num_key_value_heads=8,
+                vocab_size=32000, tie_word_embeddings=False)
+GPT2_TRAIN = dict(model_type="gpt2", n_embd=2048, n_layer=24, n_head=16, n_positions=512,
+                  vocab_size=50257)                                  # offload_train's gpt2
+GPT2_GEN = dict(model_type="gpt2", n_embd=2048, n_layer=30, n_head=16, n_positions=1024,
+                vocab_size=50257)                                    # offload_generate's
+
+# name, config, estimate's arguments, (JSON, run path), where the GPU peak,
+# the host peak and the seconds a step/token are in that run (None: not recorded)
+CASES = [
+    ("3B full fine-tune, 8 GiB, step in backward", LLAMA_3B,
+     dict(task="full", budget="8GiB", batch=4, seq=1024),
+     ("2026-11-27-h100/offload_train-llama.json", ["runs", "llama", "torch_uvm_in_backward"]),
+     "process_gpu_memory.peak_bytes", "host_peak_bytes", "s_per_step"),
+    ("3B full fine-tune, 4 GiB, step in backward", LLAMA_3B,
+     dict(task="full", budget="4GiB", batch=4, seq=1024),
+     ("2026-11-27-h100/offload_train-llama-host.json",
+      ["runs", "llama", "torch_uvm_in_backward_4GiB"]),
+     "process_gpu_memory.peak_bytes", "host_peak_bytes", "s_per_step"),
+    ("GPT-2 1.2B, 4 GiB, fp32, no checkpointing", GPT2_TRAIN,
+     dict(task="full", budget="4GiB", batch=4, seq=512, checkpointing=False, autocast=False),
+     ("2026-11-26-h100/offload_train-gpt2.json", ["runs", "gpt2", "torch_uvm_in_backward"]),
+     "process_gpu_memory.peak_bytes", None, "s_per_step"),
+    ("7B LoRA, 0.5 GiB, batch 4", LLAMA_7B,
+     dict(task="lora", budget="0.5GiB", batch=4, seq=1024, dtype="bfloat16"),
+     ("2026-11-27-h100/offload_lora.json", ["runs", "torch_uvm_0.5GiB_lora"]),
+     "batches.4.gpu_peak_timed_bytes", "host_peak_bytes", "batches.4.s_per_step"),
+    ("7B generation, 4 GiB, batch 1", LLAMA_7B,
+     dict(task="generate", budget="4GiB", batch=1, seq=32, new_tokens=16, dtype="bfloat16"),
+     ("2026-11-26-h100/offload_llama.json", ["runs", "torch_uvm_4GiB_b1"]),
+     "batches.1.gpu_peak_timed_bytes", "host_peak_bytes", "batches.1.tokens_per_s"),
+    ("7B generation, 4 GiB, batch 8", LLAMA_7B,
+     dict(task="generate", budget="4GiB", batch=8, seq=32, new_tokens=16, dtype="bfloat16"),
+     ("2026-11-26-h100/offload_llama.json", ["runs", "torch_uvm_4GiB_b8"]),
+     "batches.8.gpu_peak_timed_bytes", "host_peak_bytes", "batches.8.tokens_per_s"),
+    ("7B generation, 8 GiB, batch 1", LLAMA_7B,
+     dict(task="generate", budget="8GiB", batch=1, seq=32, new_tokens=16, dtype="bfloat16"),
+     ("2026-11-26-h100/offload_llama.json", ["runs", "torch_uvm_8GiB_b1"]),
+     "batches.1.gpu_peak_timed_bytes", "host_peak_bytes", "batches.1.tokens_per_s"),
+    ("3 GiB fp16 generation, 1.5 GiB, batch 1", GPT2_GEN,
+     dict(task="generate", budget=3 * GiB // 2, batch=1, seq=32, new_tokens=32, dtype="float16"),
+     ("2026-11-26-h100/offload_generate.json", ["runs", "torch_uvm_offload"]),
+     "process_gpu_memory.peak_bytes", None, "tokens_per_s"),
+]
+
+
+def dig(d, dotted):
+    for k in dotted.split("."):
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def measured(source, gpu_key, host_key, time_key, batch):
+    """(GPU peak, host peak, seconds a step or a token, the pinned rate) of
+    the run's last round that recorded them (a token: every sequence of the
+    batch one token further, from tokens/s over the batch)."""
+    path, keys = source
+    with open(os.path.join(RESULTS, path)) as f:
+        runs = json.load(f)
+    for k in keys[:-1]:
+        runs = runs[k]
+    run = [r for r in runs[keys[-1]] if r][-1]
+    rates = [r for r in runs.get("pinned_rate", []) if r]
+    seconds = dig(run, time_key)
+    if seconds is not None and time_key.endswith("tokens_per_s"):
+        seconds = batch / seconds
+    return (dig(run, gpu_key), dig(run, host_key) if host_key else None, seconds,
+            rates[-1]["h2d_gbps"] if rates else None)
+
+
+def check():
+    rows = []
+    for name, config, kwargs, source, gpu_key, host_key, time_key in CASES:
+        gpu, host, seconds, rate = measured(source, gpu_key, host_key, time_key,
+                                            kwargs["batch"])
+        est = estimate(config, link_gbps=rate or 55.0, **kwargs)
+        rows.append({"case": name, "source": source[0],
+                     "gpu_estimate": est.gpu_total, "gpu_measured": gpu,
+                     "host_estimate": est.host, "host_measured": host,
+                     "floor_s": est.floor_s, "measured_s": seconds, "rate_gbps": rate,
+                     "parts": est.gpu})
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    rows = check()
+    g = lambda b: "—" if b is None else f"{b / GiB:.2f}"  # noqa: E731
+    r = lambda a, b: "—" if not (a and b) else f"{a / b:.3f}"  # noqa: E731
+    print("| case | GPU estimate / measured (GiB) | ratio | host estimate / measured (GiB) | "
+          "ratio | time floor / measured (s) | the run |")
+    print("|---|---|---|---|---|---|---|")
+    for x in rows:
+        t = "—" if x["measured_s"] is None else f"{x['floor_s']:.3f} / {x['measured_s']:.3f}"
+        print(f"| {x['case']} | {g(x['gpu_estimate'])} / {g(x['gpu_measured'])} | "
+              f"{r(x['gpu_estimate'], x['gpu_measured'])} | {g(x['host_estimate'])} / "
+              f"{g(x['host_measured'])} | {r(x['host_estimate'], x['host_measured'])} | {t} | "
+              f"{x['source']} |")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "estimate_check.json"), "w") as f:
+            json.dump({"rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

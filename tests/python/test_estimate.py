@@ -1,0 +1,97 @@
+"""torch_uvm.estimate and `python -m torch_uvm estimate`: each part by hand
+on a small config, the refusals, the command without a GPU, and the
+targets against every committed run (benchmarks/estimate_check.py): GPU
+and host memory within 10% of the measured, the time floor never above it."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torch_uvm.estimate import RUNTIME_BYTES, CACHE_SHARE, estimate
+from torch_uvm.offload_state import window_bytes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+TINY = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 688,
+        "vocab_size": 512, "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+
+
+def test_each_part_of_a_generation_by_hand():
+    e = estimate(TINY, task="generate", budget=1 << 20, batch=3, seq=10, new_tokens=6,
+                 link_gbps=50.0)
+    h, kv = 256, 2 * 64
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * 688 + 2 * h
+    weights = 2 * (2 * 512 * h + h + 2 * per_layer)
+    assert e.weights == weights
+    assert e.gpu["slots"] == 1 << 20
+    assert e.gpu["KV cache"] == 2 * 2 * 3 * (10 + 6) * kv * 2
+    assert e.gpu["logits"] == 3 * 512 * (2 + 4)
+    assert e.gpu["activations"] == int(3 * 10 * h * 34)        # Korthikanti's, bf16
+    assert e.gpu["allocator's cache"] == int(CACHE_SHARE * (e.gpu["activations"] + e.gpu["logits"]))
+    assert e.gpu["workspaces"] == RUNTIME_BYTES
+    assert e.gpu_total == sum(e.gpu.values())
+    assert e.host_pinned == weights
+    # every weight outside the budget crosses once a token
+    assert e.floor_s == pytest.approx((weights - (1 << 20)) / 50e9)
+    # the largest unit: an MLP projection (256 x 688), larger than the embedding (512 x 256)
+    assert e.least_budget == window_bytes("prefetch", False, 1, 2 * h * 688)
+
+
+def test_training_keeps_each_layers_input_and_one_layers_work_with_checkpointing():
+    full = estimate(TINY, task="full", budget=1 << 22, batch=2, seq=8, link_gbps=None)
+    plain = estimate(TINY, task="full", budget=1 << 22, batch=2, seq=8, checkpointing=False,
+                     link_gbps=None)
+    layer = 2 * 8 * 256 * 34 * 2 / 2                       # bf16 autocast
+    assert full.gpu["activations"] == int(2 * 2 * 8 * 256 * 4 + layer)   # fp32 inputs kept
+    assert plain.gpu["activations"] == int(2 * layer)
+    assert full.gpu["logits"] == 2 * 8 * 512 * (2 + 4 + 4)
+    assert full.host_pinned == 3 * full.weights                         # no gradient homes
+    after = estimate(TINY, task="full", step_in_backward=False, link_gbps=None)
+    assert after.host_pinned == 4 * after.weights
+    assert full.floor_s is None and "not measured" in full.table()
+    lora = estimate(TINY, task="lora", link_gbps=None)
+    assert lora.least_budget > estimate(TINY, task="generate", link_gbps=None).least_budget
+
+
+def test_estimate_refuses_what_it_cannot_read(tmp_path):
+    for kwargs, what in [(dict(task="train"), "task"), (dict(units="blocks"), "units"),
+                         (dict(dtype="int8"), "dtype"), (dict(batch=0), "batch"),
+                         (dict(seq=1.5), "seq"), (dict(budget="8G"), "size")]:
+        with pytest.raises(ValueError, match=what if what != "size" else "unit"):
+            estimate(TINY, link_gbps=None, **kwargs)
+    with pytest.raises(ValueError, match="hidden_size"):
+        estimate({"model_type": "bert", "num_hidden_layers": 2, "num_attention_heads": 2,
+                  "vocab_size": 10}, link_gbps=None)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY))
+    assert estimate(str(folder), link_gbps=None).weights == estimate(TINY, link_gbps=None).weights
+
+
+def test_the_estimate_command_runs_without_a_gpu(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "torch_uvm", "estimate", *a],  # noqa
+                                    capture_output=True, text=True, cwd=ROOT, timeout=300)
+    r = run(str(config), "--task", "full", "--budget", "64MiB", "--batch", "4", "--seq", "128")
+    assert r.returncode == 0, r.stderr
+    assert "process GPU memory" in r.stdout and "host memory" in r.stdout
+    if not torch.cuda.is_available():
+        assert "not measured: no GPU here" in r.stdout
+    r = run(str(tmp_path / "missing.json"))
+    assert r.returncode == 2 and "error:" in r.stderr
+
+
+def test_the_estimate_is_within_its_targets_on_every_committed_run():
+    import estimate_check
+    for row in estimate_check.check():
+        assert 0.9 <= row["gpu_estimate"] / row["gpu_measured"] <= 1.1, row
+        if row["host_measured"]:
+            assert 0.9 <= row["host_estimate"] / row["host_measured"] <= 1.1, row
+        if row["measured_s"]:
+            assert row["floor_s"] <= row["measured_s"], row

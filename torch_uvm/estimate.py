@@ -1,0 +1,282 @@
+"""What an offload of a decoder-only transformer will take, before anything is
+loaded or pinned: the process's GPU memory by part, the host memory, the
+least GPU memory that works, and the fastest step the link allows.
+
+    torch_uvm.estimate("path/to/config.json", task="full", budget="8GiB", batch=4, seq=1024)
+    python -m torch_uvm estimate path/to/config.json --task full --budget 8GiB --batch 4 --seq 1024
+
+It reads a Hugging Face ``config.json`` (Llama-style: gated MLP, grouped
+key-value heads; GPT-2-style: ``n_embd``, ``n_layer``) and needs nothing
+loaded. The parts, in bytes (docs/design.md, "The estimate", says where
+each comes from):
+
+* **slots**: the budget (the arena is drawn whole), or the weights if less.
+* **gradients in flight** (training): one unit's gradients being made and
+  one unit's going home, outside the arena (PyTorch's allocator makes them).
+* **activations**: with activation checkpointing, each layer's input kept
+  (``layers x batch x seq x hidden``, in the weights' dtype) and one layer's
+  working set recomputed; without it, every layer's working set. A layer's
+  working set is Korthikanti et al.'s (2022) ``seq x batch x hidden x (34 +
+  5 heads seq / hidden)`` bytes at 2 bytes an element (the ``seq`` term
+  only for eager attention), scaled to the activations' element size.
+* **logits**: ``batch x seq x vocab`` in the activations' dtype, upcast to
+  fp32 for the loss, and its gradient (training); the last token's alone
+  (generation).
+* **KV cache** (generation): ``2 x layers x batch x (seq + new_tokens) x
+  kv_heads x head_dim``.
+* **allocator's cache and workspaces**: what the runs measured beside
+  their tensors (``CACHE_SHARE`` of the activations and logits, and
+  ``RUNTIME_BYTES``).
+
+Host memory: the pinned homes (the weights; for a full fine-tune also
+AdamW's two states in fp32, and the gradients' unless they step in
+backward), and ``HOST_RUNTIME_BYTES`` for the process's libraries.
+
+The time is a floor, never above what a run can do: the least bytes any
+placement moves over the link each step or token at the measured pinned
+rate (generation: every weight outside the budget crosses once a token;
+training: the weights outside the budget come for the forward, and the
+least a step sends home and brings is those weights once each way)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Dict, Optional, Union
+
+from .offload_state import window_bytes
+from .sizes import parse_bytes
+
+GiB = 1 << 30
+# Measured beside the tensors, on H100s and H200s (benchmarks/results):
+# the allocator's cache as a share of the activations' and logits' peak
+# (the 3B full fine-tune: 1.65 GiB cached beside 3.14 GiB allocated), and
+# what no books hold (cuBLAS's workspaces, segments' rounding).
+CACHE_SHARE = 0.5
+RUNTIME_BYTES = GiB // 4
+# The host memory of the process beside the homes: Python, torch and CUDA's
+# libraries (a 7B generation's peak: 14.12 GiB beside 12.55 GiB of homes).
+HOST_RUNTIME_BYTES = 3 * GiB // 2
+TASKS = ("generate", "lora", "full")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclasses.dataclass
+class Shape:
+    """What the estimate reads of a config."""
+    kind: str             # "llama" or "gpt2"
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    positions: int = 0    # GPT-2's learned position embeddings
+
+    @classmethod
+    def from_config(cls, config: Union[str, os.PathLike, dict]) -> "Shape":
+        if not isinstance(config, dict):
+            path = os.fspath(config)
+            if os.path.isdir(path):
+                path = os.path.join(path, "config.json")
+            with open(path) as f:
+                config = json.load(f)
+        get = config.get
+        hidden = get("hidden_size") or get("n_embd")
+        layers = get("num_hidden_layers") or get("n_layer")
+        heads = get("num_attention_heads") or get("n_head")
+        vocab = get("vocab_size")
+        missing = [n for n, v in (("hidden_size", hidden), ("num_hidden_layers", layers),
+                                  ("num_attention_heads", heads), ("vocab_size", vocab)) if not v]
+        if missing:
+            raise ValueError(f"torch_uvm: estimate reads decoder-only transformer configs "
+                             f"(Llama-style or GPT-2-style); this one lacks {missing}")
+        gpt2 = get("model_type") == "gpt2" or "n_embd" in config
+        return cls(kind="gpt2" if gpt2 else "llama", hidden=hidden, layers=layers, heads=heads,
+                   kv_heads=get("num_key_value_heads") or heads,
+                   intermediate=get("intermediate_size") or get("n_inner") or 4 * hidden,
+                   vocab=vocab, tied=get("tie_word_embeddings", gpt2),
+                   positions=(get("n_positions") or 0) if gpt2 else 0)
+
+    def unit_params(self, units: str) -> Dict[str, int]:
+        """Parameters (elements) of each kind of unit: by default every
+        submodule with tensors of its own, or ``units="layers"``: each
+        decoder layer whole."""
+        h, i = self.hidden, self.intermediate
+        kv = self.kv_heads * (h // self.heads)
+        if self.kind == "gpt2":
+            pieces = {"attn.c_attn": 3 * h * h + 3 * h, "attn.c_proj": h * h + h,
+                      "mlp.c_fc": h * i + i, "mlp.c_proj": i * h + h, "ln": 2 * h}
+            per_layer = sum(pieces.values()) + 2 * h
+        else:
+            pieces = {"q_proj": h * h, "o_proj": h * h, "k_proj": h * kv, "v_proj": h * kv,
+                      "mlp.proj": h * i, "norm": h}
+            per_layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
+        out = {"embed": self.vocab * h + self.positions * h, "final_norm": h * (2 if
+                                                                               self.kind == "gpt2" else 1)}
+        if not self.tied:
+            out["head"] = self.vocab * h
+        if units == "layers":
+            out["layer"] = per_layer
+        else:
+            out.update(pieces)
+        out["_per_layer"] = per_layer
+        return out
+
+    def params(self) -> int:
+        u = self.unit_params("layers")
+        return u["embed"] + u["final_norm"] + u.get("head", 0) + self.layers * u["_per_layer"]
+
+
+@dataclasses.dataclass
+class Estimate:
+    task: str
+    budget: int
+    gpu: Dict[str, int]               # the process's GPU memory, by part
+    host_pinned: int
+    host: int                         # the process's host memory: the homes and the runtime
+    least_budget: int
+    least_gpu: int                    # the process's GPU memory at the least budget
+    weights: int
+    link_gbps: Optional[float]        # the pinned rate measured now (None: no GPU)
+    floor_s: Optional[float]          # the least seconds a step (a token) takes at it
+    per: str                          # "step" or "token"
+    tokens: int                       # tokens a step (a token: the batch)
+
+    @property
+    def gpu_total(self) -> int:
+        return sum(self.gpu.values())
+
+    def table(self) -> str:
+        g = lambda b: f"{b / GiB:.2f} GiB" if b >= GiB else f"{b / 2**20:.1f} MiB"  # noqa: E731
+        lines = [f"torch_uvm estimate: {self.task}, budget {g(self.budget)}, weights "
+                 f"{g(self.weights)}",
+                 f"  process GPU memory     {g(self.gpu_total)}"]
+        lines += [f"    {k:<20} {g(v)}" for k, v in self.gpu.items()]
+        lines += [f"  host memory            {g(self.host)} ({g(self.host_pinned)} pinned)",
+                  f"  least budget           {g(self.least_budget)} (process {g(self.least_gpu)})"]
+        if self.link_gbps is None:
+            lines.append("  link                   not measured: no GPU here (the time floor "
+                         "needs the pinned rate: pass --link-gbps, or link_gbps=)")
+        else:
+            rate = (f"{self.tokens / self.floor_s:.0f} tokens/s" if self.floor_s else "no link bound")
+            lines.append(f"  link                   {self.link_gbps:.1f} GB/s pinned: at most "
+                         f"{rate} ({self.floor_s or 0:.3f} s a {self.per} at least)")
+        return "\n".join(lines)
+
+
+def measure_link_gbps(nbytes: int = 256 << 20) -> Optional[float]:
+    """The pinned host-to-GPU rate now (best of 3), or None without a GPU."""
+    import time
+
+    import torch
+    if not torch.cuda.is_available():
+        return None
+    host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    best = 0.0
+    for _ in range(4):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dev.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+        best = max(best, nbytes / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def estimate(config, task: str = "generate", budget=None, batch: int = 1, seq: int = 512,
+             new_tokens: int = 32, dtype: Optional[str] = None, units: str = "submodules",
+             ahead: int = 1, checkpointing: bool = True, eager_attention: bool = False,
+             lora_rank: int = 16, autocast: bool = True, step_in_backward: bool = True,
+             link_gbps: Optional[float] = "measure") -> Estimate:
+    """The estimate of an offload of the model `config` describes (a
+    ``config.json``, its folder, or its dict); see the module's doc.
+    `task`: "generate", "lora" (a frozen base, adapters of `lora_rank` on
+    every projection, checkpointing) or "full" (fp32 weights and AdamW,
+    under bf16 autocast unless `autocast` is False; `step_in_backward`:
+    its gradients never go home, so they have no homes). `budget`: a size (sizes.py); default the least that
+    works. `dtype`: the weights' (default: fp32 for "full", else the
+    config's ``torch_dtype``, else bf16)."""
+    if task not in TASKS:
+        raise ValueError(f"torch_uvm: estimate's task is one of {TASKS}, got {task!r}")
+    if units not in ("submodules", "layers"):
+        raise ValueError(f"torch_uvm: estimate's units is 'submodules' or 'layers', got {units!r}")
+    for name, v in (("batch", batch), ("seq", seq), ("ahead", ahead)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"torch_uvm: estimate's {name} must be a positive int, got {v!r}")
+    cfg = config if isinstance(config, dict) else None
+    shape = Shape.from_config(config)
+    if dtype is None:
+        if task == "full":
+            dtype = "float32"
+        else:
+            if cfg is None:
+                path = os.fspath(config)
+                path = os.path.join(path, "config.json") if os.path.isdir(path) else path
+                with open(path) as f:
+                    cfg = json.load(f)
+            dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"torch_uvm: estimate's dtype is one of {sorted(DTYPE_BYTES)}, got "
+                         f"{dtype!r}")
+    e = DTYPE_BYTES[dtype]
+    act = 2 if task == "full" and autocast else e     # bf16 autocast over fp32 weights
+    training = task != "generate"
+    h, L, V = shape.hidden, shape.layers, shape.vocab
+    pieces = {k: v for k, v in shape.unit_params(units).items() if not k.startswith("_")}
+    weights = shape.params() * e
+    largest = max(pieces.values()) * e
+    if task == "full":
+        largest_trainable = largest
+    elif task == "lora":   # a projection's adapters: rank x (in + out), fp32
+        largest_trainable = lora_rank * (h + shape.intermediate) * 4 * (
+            1 if units == "submodules" else 7)
+    else:
+        largest_trainable = 0
+    least = window_bytes("prefetch", training, ahead, largest, largest_trainable)
+    chosen = parse_bytes(budget, "the budget")
+    if chosen is None:
+        chosen = least
+
+    def gpu_parts(b: int) -> Dict[str, int]:
+        parts = {"slots": min(b, weights)}
+        tokens = batch * seq
+        layer = tokens * h * (34 + (5 * shape.heads * seq / h if eager_attention else 0)) * act / 2
+        if training:
+            parts["gradients in flight"] = 2 * largest_trainable
+            if checkpointing:
+                parts["activations"] = int(L * tokens * h * e + layer)
+            else:
+                parts["activations"] = int(L * layer)
+            parts["logits"] = tokens * V * (act + 4 + 4)
+        else:
+            parts["activations"] = int(layer)
+            parts["logits"] = batch * V * (act + 4)
+            kv = shape.kv_heads * (h // shape.heads)
+            parts["KV cache"] = 2 * L * batch * (seq + new_tokens) * kv * e
+        parts["allocator's cache"] = int(CACHE_SHARE * (parts["activations"] + parts["logits"]))
+        parts["workspaces"] = RUNTIME_BYTES
+        return parts
+
+    gpu = gpu_parts(chosen)
+    if task == "full":     # weights, two states, and gradients unless they step in backward
+        host = weights * (3 if step_in_backward else 4)
+    elif task == "lora":
+        n_lora = L * 7 * lora_rank * (h + shape.intermediate)
+        host = weights + n_lora * 4 * 4
+    else:
+        host = weights
+    rate = measure_link_gbps() if link_gbps == "measure" else link_gbps
+    streamed = max(0, weights - chosen)
+    if not training:
+        per, tokens, crossing = "token", batch, streamed
+    elif task == "lora":   # the frozen base comes for the forward and for the backward
+        per, tokens, crossing = "step", batch * seq, 2 * streamed
+    else:                  # at least the weights once each way
+        per, tokens, crossing = "step", batch * seq, streamed
+    floor = crossing / (rate * 1e9) if rate else None
+    return Estimate(task=task, budget=chosen, gpu=gpu, host_pinned=host,
+                    host=host + HOST_RUNTIME_BYTES, least_budget=least,
+                    least_gpu=sum(gpu_parts(least).values()), weights=weights,
+                    link_gbps=rate, floor_s=floor, per=per, tokens=tokens)
