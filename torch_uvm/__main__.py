@@ -14,6 +14,9 @@ def main(argv=None) -> int:
     e.add_argument("config", help="a config.json, or the folder holding it")
     e.add_argument("--task", choices=TASKS, default="generate")
     e.add_argument("--budget", default=None, help="a size such as 8GiB (default: the least)")
+    e.add_argument("--gpu-memory", default=None,
+                   help="the most GPU memory the process may take, such as 24GiB: the largest "
+                        "budget within it is chosen")
     e.add_argument("--batch", type=int, default=1)
     e.add_argument("--seq", type=int, default=512, help="tokens a sequence (the prompt's)")
     e.add_argument("--new-tokens", type=int, default=32)
@@ -29,7 +32,8 @@ def main(argv=None) -> int:
                    help="the pinned rate to bound the time by (default: measured, if a GPU is here)")
     args = ap.parse_args(argv)
     try:
-        est = estimate(args.config, task=args.task, budget=args.budget, batch=args.batch,
+        est = estimate(args.config, task=args.task, budget=args.budget,
+                       gpu_memory=args.gpu_memory, batch=args.batch,
                        seq=args.seq, new_tokens=args.new_tokens, dtype=args.dtype,
                        units=args.units, ahead=args.ahead, lora_rank=args.lora_rank,
                        checkpointing=not args.no_checkpointing, autocast=not args.no_autocast,

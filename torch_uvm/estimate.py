@@ -58,6 +58,7 @@ RUNTIME_BYTES = GiB // 4
 # libraries (a 7B generation's peak: 14.12 GiB beside 12.55 GiB of homes).
 HOST_RUNTIME_BYTES = 3 * GiB // 2
 TASKS = ("generate", "lora", "full")
+WORDS = {"generate": "generation", "lora": "LoRA fine-tune", "full": "full fine-tune"}
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -185,7 +186,8 @@ def measure_link_gbps(nbytes: int = 256 << 20) -> Optional[float]:
     return best
 
 
-def estimate(config, task: str = "generate", budget=None, batch: int = 1, seq: int = 512,
+def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch: int = 1,
+             seq: int = 512,
              new_tokens: int = 32, dtype: Optional[str] = None, units: str = "submodules",
              ahead: int = 1, checkpointing: bool = True, eager_attention: bool = False,
              lora_rank: int = 16, autocast: bool = True, step_in_backward: bool = True,
@@ -195,9 +197,12 @@ def estimate(config, task: str = "generate", budget=None, batch: int = 1, seq: i
     `task`: "generate", "lora" (a frozen base, adapters of `lora_rank` on
     every projection, checkpointing) or "full" (fp32 weights and AdamW,
     under bf16 autocast unless `autocast` is False; `step_in_backward`:
-    its gradients never go home, so they have no homes). `budget`: a size (sizes.py); default the least that
-    works. `dtype`: the weights' (default: fp32 for "full", else the
-    config's ``torch_dtype``, else bf16)."""
+    its gradients never go home, so they have no homes). `budget`: a
+    size (sizes.py); default the least that works, or, given `gpu_memory`
+    (the most GPU memory the whole process may take), the largest budget
+    within it (refused, naming the least that fits and what takes it,
+    when even the least budget does not). `dtype`: the weights' (default:
+    fp32 for "full", else the config's ``torch_dtype``, else bf16)."""
     if task not in TASKS:
         raise ValueError(f"torch_uvm: estimate's task is one of {TASKS}, got {task!r}")
     if units not in ("submodules", "layers"):
@@ -236,8 +241,10 @@ def estimate(config, task: str = "generate", budget=None, batch: int = 1, seq: i
         largest_trainable = 0
     least = window_bytes("prefetch", training, ahead, largest, largest_trainable)
     chosen = parse_bytes(budget, "the budget")
-    if chosen is None:
-        chosen = least
+    bound = parse_bytes(gpu_memory, "gpu_memory")
+    if chosen is not None and bound is not None:
+        raise ValueError("torch_uvm: give estimate a budget or gpu_memory, not both: "
+                         "gpu_memory chooses the budget")
 
     def gpu_parts(b: int) -> Dict[str, int]:
         parts = {"slots": min(b, weights)}
@@ -259,6 +266,19 @@ def estimate(config, task: str = "generate", budget=None, batch: int = 1, seq: i
         parts["workspaces"] = RUNTIME_BYTES
         return parts
 
+    if bound is not None:
+        beside = sum(gpu_parts(0).values())          # all but the slots
+        if beside + least > bound:
+            g = lambda b: f"{b / GiB:.2f} GiB"  # noqa: E731
+            taken = ", ".join(f"{k} {g(v)}" for k, v in gpu_parts(least).items())
+            raise ValueError(
+                f"torch_uvm: {g(bound)} of GPU memory cannot hold this {WORDS[task]}: the least "
+                f"that "
+                f"works is {g(beside + least)} ({taken}). Raise gpu_memory, or lower batch or "
+                f"seq{', or checkpoint activations' if training and not checkpointing else ''}")
+        chosen = min(bound - beside, weights)
+    elif chosen is None:
+        chosen = least
     gpu = gpu_parts(chosen)
     if task == "full":     # weights, two states, and gradients unless they step in backward
         host = weights * (3 if step_in_backward else 4)

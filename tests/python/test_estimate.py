@@ -58,6 +58,22 @@ def test_training_keeps_each_layers_input_and_one_layers_work_with_checkpointing
     assert lora.least_budget > estimate(TINY, task="generate", link_gbps=None).least_budget
 
 
+def test_gpu_memory_chooses_the_largest_budget_within_it():
+    least = estimate(TINY, task="full", batch=2, seq=64, link_gbps=None)
+    bound = least.least_gpu + (1 << 20)
+    e = estimate(TINY, task="full", batch=2, seq=64, gpu_memory=bound, link_gbps=None)
+    assert e.gpu_total == bound and e.budget == least.least_budget + (1 << 20)
+    # more than the weights need: the budget is the weights, the process less than the bound
+    roomy = estimate(TINY, task="full", batch=2, seq=64, gpu_memory="64GiB", link_gbps=None)
+    assert roomy.budget == roomy.weights and roomy.gpu_total < 64 << 30
+    with pytest.raises(ValueError, match=r"cannot hold this full fine-tune: the least that works "
+                                         r"is .*slots .*activations"):
+        estimate(TINY, task="full", batch=2, seq=64, gpu_memory=least.least_gpu - 1,
+                 link_gbps=None)
+    with pytest.raises(ValueError, match="not both"):
+        estimate(TINY, budget="1MiB", gpu_memory="1GiB", link_gbps=None)
+
+
 def test_estimate_refuses_what_it_cannot_read(tmp_path):
     for kwargs, what in [(dict(task="train"), "task"), (dict(units="blocks"), "units"),
                          (dict(dtype="int8"), "dtype"), (dict(batch=0), "batch"),
