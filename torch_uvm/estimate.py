@@ -44,6 +44,8 @@ import json
 import os
 from typing import Dict, Optional, Union
 
+import torch
+
 from .offload_state import window_bytes
 from .sizes import parse_bytes
 
@@ -186,6 +188,24 @@ def measure_link_gbps(nbytes: int = 256 << 20) -> Optional[float]:
     return best
 
 
+def module_units(module, units: str):
+    """The bytes of each unit offload() would make of `module` (its own
+    tensors; tied ones once): each submodule, or with ``units="layers"``
+    the classes its ``_no_split_modules`` names."""
+    from .offload_units import make_units, offload_plan, unit_roots
+    if units == "layers":
+        names = getattr(module, "_no_split_modules", None)
+        if not names:
+            raise ValueError("torch_uvm: estimate's units='layers' reads the module's "
+                             "_no_split_modules, and this module has none")
+        matched = list(names)
+    else:
+        matched = None
+    plan = offload_plan(module)
+    shared = {id(t): t for _, _, own, _ in plan for _, t, _ in own}
+    return [u.nbytes for u in make_units(plan, unit_roots(module, matched), shared)]
+
+
 def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch: int = 1,
              seq: int = 512,
              new_tokens: int = 32, dtype: Optional[str] = None, units: str = "submodules",
@@ -193,7 +213,9 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
              lora_rank: int = 16, autocast: bool = True, step_in_backward: bool = True,
              link_gbps: Optional[float] = "measure") -> Estimate:
     """The estimate of an offload of the model `config` describes (a
-    ``config.json``, its folder, or its dict); see the module's doc.
+    ``config.json``, its folder, or its dict; or a Hugging Face model
+    itself, on the meta device say, whose units are then measured as
+    offload() makes them); see the module's doc.
     `task`: "generate", "lora" (a frozen base, adapters of `lora_rank` on
     every projection, checkpointing) or "full" (fp32 weights and AdamW,
     under bf16 autocast unless `autocast` is False; `step_in_backward`:
@@ -210,6 +232,16 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
     for name, v in (("batch", batch), ("seq", seq), ("ahead", ahead)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"torch_uvm: estimate's {name} must be a positive int, got {v!r}")
+    module = config if isinstance(config, torch.nn.Module) else None
+    if module is not None:     # (on the meta device, say: nothing of it is read but its shapes)
+        hf = getattr(module, "config", None)
+        if not hasattr(hf, "to_dict"):
+            raise ValueError("torch_uvm: estimate of a module reads its Hugging Face config "
+                             "(module.config); for another module pass a config.json")
+        config = hf.to_dict()
+        if dtype is None:
+            first = next((p for p in module.parameters() if p.is_floating_point()), None)
+            dtype = str(first.dtype).replace("torch.", "") if first is not None else None
     cfg = config if isinstance(config, dict) else None
     shape = Shape.from_config(config)
     if dtype is None:
@@ -229,9 +261,13 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
     act = 2 if task == "full" and autocast else e     # bf16 autocast over fp32 weights
     training = task != "generate"
     h, L, V = shape.hidden, shape.layers, shape.vocab
-    pieces = {k: v for k, v in shape.unit_params(units).items() if not k.startswith("_")}
-    weights = shape.params() * e
-    largest = max(pieces.values()) * e
+    if module is not None:     # its units as offload() would make them, measured
+        sizes = module_units(module, units)
+        weights, largest = sum(sizes), max(sizes)
+    else:
+        pieces = {k: v for k, v in shape.unit_params(units).items() if not k.startswith("_")}
+        weights = shape.params() * e
+        largest = max(pieces.values()) * e
     if task == "full":
         largest_trainable = largest
     elif task == "lora":   # a projection's adapters: rank x (in + out), fp32

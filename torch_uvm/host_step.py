@@ -36,7 +36,6 @@ import collections
 import concurrent.futures
 import inspect
 import math
-import os
 import threading
 import time
 from typing import TYPE_CHECKING, List, Optional
@@ -120,37 +119,18 @@ def threads() -> int:
     """The threads a host step runs on: TORCH_UVM_HOST_STEP_THREADS, else
     PyTorch's intra-op threads but two, left to the Python thread that
     launches the GPU's kernels and to the driver's (a host step runs
-    beside them; with every core the GPU waits for its launches)."""
-    text = os.environ.get(THREADS_VARIABLE, "").strip()
-    if not text:
-        return max(1, torch.get_num_threads() - 2)
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"torch_uvm: {THREADS_VARIABLE} is the number of threads a host step "
-                         f"runs on, a whole number of at least 1; got {text!r}")
-    return n
+    beside them; with every core the GPU waits for its launches). The
+    variable is parsed with the other options (csrc/core/config.cpp)."""
+    return _C.offload_environment()["host_step_threads"] or max(1, torch.get_num_threads() - 2)
 
 
 def copies_share() -> float:
     """The share of the budget the gradients copying home in backward may
     take before the backward waits (COPIES_AHEAD_SHARE):
     TORCH_UVM_HOST_STEP_COPIES, a number from 0 (one submodule's at a
-    time) to 1, else COPIES_AHEAD_SHARE."""
-    text = os.environ.get(COPIES_VARIABLE, "").strip()
-    if not text:
-        return COPIES_AHEAD_SHARE
-    try:
-        share = float(text)
-    except ValueError:
-        share = math.nan
-    if not (math.isfinite(share) and 0 <= share <= 1):
-        raise ValueError(f"torch_uvm: {COPIES_VARIABLE} is the share of the budget that "
-                         f"gradients copying home in backward may take before it waits, a "
-                         f"number from 0 (one submodule's at a time) to 1; got {text!r}")
-    return share
+    time) to 1, else COPIES_AHEAD_SHARE (csrc/core/config.cpp parses it)."""
+    share = _C.offload_environment()["host_step_copies"]
+    return COPIES_AHEAD_SHARE if share < 0 else share
 
 
 def choose(state: "OffloadState") -> List["Unit"]:

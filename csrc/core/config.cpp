@@ -156,6 +156,45 @@ const std::vector<Option>& options() {
   return table;
 }
 
+struct Variable {
+  const char* name;
+  const char* default_text;
+  const char* meaning;
+  std::function<void(OffloadEnvironment&, const std::string& value)> apply;
+};
+
+const std::vector<Variable>& variables() {
+  static const std::vector<Variable> table = {
+      {"TORCH_UVM_HOST_STEP_THREADS", "the intra-op threads but two",
+       "the threads a host step runs on (stream_optimizer's host_step)",
+       [](OffloadEnvironment& e, const std::string& v) {
+         char* end = nullptr;
+         errno = 0;
+         const long n = std::strtol(v.c_str(), &end, 10);
+         TORCH_UVM_CHECK_ARG(end != v.c_str() && *end == '\0' && errno == 0 && n >= 1 &&
+                                 n <= 1 << 16,
+                             "torch_uvm: TORCH_UVM_HOST_STEP_THREADS is the number of threads a "
+                             "host step runs on, a whole number of at least 1; got '", v, "'");
+         e.host_step_threads = static_cast<int>(n);
+       }},
+      {"TORCH_UVM_HOST_STEP_COPIES", "0.125",
+       "the share of the budget that gradients copying home in backward may take before "
+       "the backward waits for the oldest (host_step)",
+       [](OffloadEnvironment& e, const std::string& v) {
+         char* end = nullptr;
+         errno = 0;
+         const double share = std::strtod(v.c_str(), &end);
+         TORCH_UVM_CHECK_ARG(end != v.c_str() && *end == '\0' && errno == 0 &&
+                                 std::isfinite(share) && share >= 0 && share <= 1,
+                             "torch_uvm: TORCH_UVM_HOST_STEP_COPIES is the share of the budget "
+                             "that gradients copying home in backward may take before it waits, "
+                             "a number from 0 (one submodule's at a time) to 1; got '", v, "'");
+         e.host_step_copies = share;
+       }},
+  };
+  return table;
+}
+
 std::string option_names() {
   std::string names;
   for (const auto& o : options()) {
@@ -204,6 +243,33 @@ AllocatorConfig parse_config(const std::string& text, AllocatorConfig base) {
 AllocatorConfig config_from_environment() {
   const char* text = std::getenv("PYTORCH_UVM_ALLOC_CONF");
   return text ? parse_config(text) : AllocatorConfig{};
+}
+
+void parse_offload_variable(const std::string& variable, const std::string& value,
+                            OffloadEnvironment& env) {
+  auto it = std::find_if(variables().begin(), variables().end(),
+                         [&](const Variable& v) { return variable == v.name; });
+  TORCH_UVM_CHECK_ARG(it != variables().end(), "torch_uvm: no offload setting is read from '",
+                      variable, "'");
+  const std::string v = trim(value);
+  if (!v.empty()) it->apply(env, v);
+}
+
+OffloadEnvironment offload_environment() {
+  OffloadEnvironment env;
+  for (const auto& v : variables()) {
+    const char* text = std::getenv(v.name);
+    if (text) parse_offload_variable(v.name, text, env);
+  }
+  return env;
+}
+
+std::vector<std::string> describe_offload_variables() {
+  std::vector<std::string> lines;
+  for (const auto& v : variables()) {
+    lines.push_back(std::string(v.name) + " (default " + v.default_text + "): " + v.meaning);
+  }
+  return lines;
 }
 
 std::vector<std::string> describe_options() {

@@ -62,6 +62,26 @@ AllocatorConfig config_from_environment();
 // One line per option: "name (default) meaning", for docs and error messages.
 std::vector<std::string> describe_options();
 
+// An offload's settings that come from environment variables of their own,
+// one row each in config.cpp's second table (torch_uvm/host_step.py reads
+// them through torch_uvm._C.offload_environment()).
+struct OffloadEnvironment {
+  // TORCH_UVM_HOST_STEP_THREADS: the threads a host step runs on; 0: unset.
+  int host_step_threads = 0;
+  // TORCH_UVM_HOST_STEP_COPIES: the share of the budget that gradients
+  // copying home in backward may take before it waits, 0 to 1; < 0: unset.
+  double host_step_copies = -1;
+};
+
+// Sets `variable`'s field of `env` from `value` (empty: unset). Throws
+// InvalidArgument naming the variable, what it takes and what it got.
+void parse_offload_variable(const std::string& variable, const std::string& value,
+                            OffloadEnvironment& env);
+// The variables as the process's environment has them now.
+OffloadEnvironment offload_environment();
+// One line per variable: "NAME (default) meaning".
+std::vector<std::string> describe_offload_variables();
+
 // Parses a boolean environment value: 1/0, true/false, yes/no, on/off
 // (case-insensitive). Throws InvalidArgument naming `what` otherwise.
 bool parse_bool(const std::string& value, const std::string& what);

@@ -116,5 +116,28 @@ TEST(SizePolicy, SplitRules) {
   EXPECT_TRUE(p.should_split(20u << 20, 2u << 20));
 }
 
+TEST(Config, OffloadVariablesAreParsedOrNamedWhenBad) {
+  OffloadEnvironment env;
+  EXPECT_EQ(env.host_step_threads, 0);
+  EXPECT_LT(env.host_step_copies, 0);
+  parse_offload_variable("TORCH_UVM_HOST_STEP_THREADS", " 3 ", env);
+  parse_offload_variable("TORCH_UVM_HOST_STEP_COPIES", "0.01", env);
+  EXPECT_EQ(env.host_step_threads, 3);
+  EXPECT_DOUBLE_EQ(env.host_step_copies, 0.01);
+  parse_offload_variable("TORCH_UVM_HOST_STEP_COPIES", "", env);  // empty: unset, kept
+  EXPECT_DOUBLE_EQ(env.host_step_copies, 0.01);
+  for (const char* bad : {"0", "many", "-2", "3.0"}) {
+    EXPECT_THROW(parse_offload_variable("TORCH_UVM_HOST_STEP_THREADS", bad, env),
+                 InvalidArgument) << bad;
+  }
+  for (const char* bad : {"-0.5", "2", "nan", "an eighth"}) {
+    EXPECT_THROW(parse_offload_variable("TORCH_UVM_HOST_STEP_COPIES", bad, env),
+                 InvalidArgument) << bad;
+  }
+  EXPECT_EQ(env.host_step_threads, 3);  // refused values change nothing
+  EXPECT_THROW(parse_offload_variable("TORCH_UVM_NOTHING", "1", env), InvalidArgument);
+  EXPECT_EQ(describe_offload_variables().size(), 2u);
+}
+
 }  // namespace
 }  // namespace torch_uvm

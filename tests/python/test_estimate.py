@@ -111,3 +111,23 @@ def test_the_estimate_is_within_its_targets_on_every_committed_run():
             assert 0.9 <= row["host_estimate"] / row["host_measured"] <= 1.1, row
         if row["measured_s"]:
             assert row["floor_s"] <= row["measured_s"], row
+
+
+def test_a_model_on_the_meta_device_is_estimated_by_the_units_offload_makes():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(**{k: v for k, v in TINY.items()
+                                         if k not in ("model_type", "torch_dtype")})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    from torch_uvm.estimate import module_units
+    made = module_units(model, "submodules")
+    assert sum(made) == sum(t.nbytes for t in {id(t): t for t in
+                                               [*model.parameters(), *model.buffers()]}.values())
+    by_model = estimate(model, task="generate", link_gbps=None)
+    by_config = estimate(TINY, task="generate", link_gbps=None)
+    assert by_model.weights == sum(made)
+    assert by_model.least_budget == by_config.least_budget       # the same largest unit
+    layers = estimate(model, task="generate", units="layers", link_gbps=None)
+    assert layers.least_budget == 2 * max(module_units(model, "layers"))
+    with pytest.raises(ValueError, match="Hugging Face config"):
+        estimate(torch.nn.Linear(2, 2), link_gbps=None)
