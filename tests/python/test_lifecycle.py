@@ -406,3 +406,52 @@ def test_reentrant_checkpointing_over_a_shared_layer_with_step_in_backward_is_re
         x = torch.randn(4, 8, requires_grad=True)
         with pytest.raises(RuntimeError, match="came twice in one backward.*use_reentrant=False"):
             model(x).sum().backward()
+
+
+@pytest.mark.parametrize("in_backward", [False, True], ids=["step_after", "step_in_backward"])
+def test_two_offloads_training_on_two_threads_at_once_train_as_the_plain_models(in_backward):
+    """Each thread trains its own offloaded model; their backwards run at
+    once (autograd runs without the GIL, so the gradient hooks count into
+    each offload's lifecycle from both threads, and each unit's completion
+    calls Python back under the GIL). Each model trains as its plain copy
+    trained alone, bit for bit, and every unit's gradients went home (or
+    stepped) once per backward."""
+    import threading
+
+    def train(model, optimizer, seed, out):
+        g = torch.Generator().manual_seed(seed)
+        for _ in range(6):
+            x = torch.randn(64, 32, generator=g)
+            model(x).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        out.append([p.detach().clone() for p in model.parameters()])
+
+    def models():
+        torch.manual_seed(0)
+        return [Net(4, 32, -1, True) for _ in range(2)]
+
+    want = []
+    for k, m in enumerate(models()):
+        train(m, torch.optim.AdamW(m.parameters(), lr=0.01), k, want)
+    got = [[], []]
+    with cpu_streams():
+        nets = models()
+        runs = []
+        for k, m in enumerate(nets):
+            handle, executor = offload_on_cpu(m)
+            opt = handle.stream_optimizer(torch.optim.AdamW(m.parameters(), lr=0.01),
+                                          step_in_backward=in_backward)
+            runs.append((m, opt, executor))
+        threads = [threading.Thread(target=train, args=(m, opt, k, got[k]))
+                   for k, (m, opt, _) in enumerate(runs)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for k in range(2):
+        assert got[k], f"thread {k} did not finish"
+        assert all(torch.equal(a, b) for a, b in zip(got[k][0], want[k]))
+        executor = runs[k][2]
+        assert len([b for b in executor.backwards if b]) == 6
+        assert all(sorted(b) == [0, 1, 2, 3] for b in executor.backwards if b)
