@@ -130,8 +130,13 @@ def main():
               f"{x['source']} |")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
+        import platform
+        from method import machine
+        where = machine() | {"cpu": platform.processor() or platform.machine()}
+        for key in ("gpu", "driver"):    # (computed without one, from the runs' files: said so)
+            where[key] = where[key] or "none: computed on the CPU from the runs' JSONs"
         with open(os.path.join(args.out, "estimate_check.json"), "w") as f:
-            json.dump({"rows": rows}, f, indent=1)
+            json.dump({"machine": where, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -139,3 +139,20 @@ def test_no_cell_of_the_api_reference_passes_60_words():
             if line.startswith("|") and not line.startswith("|---")
             for cell in line.strip().strip("|").split(" | ") if len(cell.split()) > 60]
     assert not long, f"api.md cells over 60 words: {long}"
+
+
+def test_every_results_json_records_the_machine_that_measured_it():
+    """Each benchmark's JSON under benchmarks/results names the GPU, driver,
+    torch and CUDA of its run (or says it ran without a GPU); traces
+    (*_residency.json, profiles) are the runs' raw events, not results."""
+    import glob
+    import json
+    missing = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "benchmarks", "results", "*", "*.json"))):
+        if path.endswith("_residency.json"):
+            continue
+        machine = json.load(open(path)).get("machine") or {}
+        lacks = [k for k in ("gpu", "torch", "cuda", "driver") if not machine.get(k)]
+        if lacks:
+            missing.append(f"{os.path.relpath(path, ROOT)} lacks {lacks}")
+    assert not missing, missing
