@@ -665,7 +665,7 @@ MUTANTS = [
      ["tests/python/test_layering.py::test_no_module_imports_another_modules_underscored_names"]),
     ("a README figure cites a run whose JSON does not record its machine", "README.md",
      "(benchmarks/results/2026-11-26-h100/offload_llama-one-round.json)",
-     "(benchmarks/results/2026-11-26-h100/offload_llama.json)",
+     "(benchmarks/results/2026-11-23-h100/offload_train-mlp_step_residency.json)",
      ["tests/python/test_docs.py::test_each_readme_figure_cites_one_run_that_records_its_machine"]),
     # Sizes as people write them (issue 55, point 2).
     ("a GiB is read as a GB", "torch_uvm/sizes.py", '"gib": 2**30', '"gib": 10**9',
