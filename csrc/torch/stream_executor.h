@@ -167,7 +167,10 @@ class StreamExecutor {
   // the caller's thread and autograd's device thread; each holds this lock
   // for the whole call (the Python bindings take it with the GIL released,
   // so a wait on the GPU inside holds no other Python thread: a host step's
-  // worker runs on meanwhile).
+  // worker runs on meanwhile). The rule that keeps this free of deadlock:
+  // nothing waits for this lock (or for a lock a call holds) while holding
+  // the GIL, since a call may take the GIL itself (in torch 2.14, a tensor
+  // with a Python object whose count changes between 1 and 2 takes it).
   std::mutex& calls_lock() { return calls_lock_; }
 
  private:
