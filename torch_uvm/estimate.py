@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Dict, Optional, Union
+from typing import Dict, Optional
 
 import torch
 
@@ -78,13 +78,7 @@ class Shape:
     positions: int = 0    # GPT-2's learned position embeddings
 
     @classmethod
-    def from_config(cls, config: Union[str, os.PathLike, dict]) -> "Shape":
-        if not isinstance(config, dict):
-            path = os.fspath(config)
-            if os.path.isdir(path):
-                path = os.path.join(path, "config.json")
-            with open(path) as f:
-                config = json.load(f)
+    def from_config(cls, config: dict) -> "Shape":
         get = config.get
         hidden = get("hidden_size") or get("n_embd")
         layers = get("num_hidden_layers") or get("n_layer")
@@ -102,34 +96,48 @@ class Shape:
                    vocab=vocab, tied=get("tie_word_embeddings", gpt2),
                    positions=(get("n_positions") or 0) if gpt2 else 0)
 
+    def layer_pieces(self) -> Dict[str, int]:
+        """Parameters (elements) of a decoder layer's submodules that have
+        tensors of their own (each kind once)."""
+        h, i = self.hidden, self.intermediate
+        kv = self.kv_heads * (h // self.heads)
+        if self.kind == "gpt2":
+            return {"attn.c_attn": 3 * h * h + 3 * h, "attn.c_proj": h * h + h,
+                    "mlp.c_fc": h * i + i, "mlp.c_proj": i * h + h, "ln": 2 * h}
+        return {"q_proj": h * h, "o_proj": h * h, "k_proj": h * kv, "v_proj": h * kv,
+                "mlp.proj": h * i, "norm": h}
+
+    def per_layer(self) -> int:
+        """A decoder layer's parameters (elements)."""
+        h, i = self.hidden, self.intermediate
+        if self.kind == "gpt2":       # its pieces, and its second norm
+            return sum(self.layer_pieces().values()) + 2 * h
+        kv = self.kv_heads * (h // self.heads)
+        return 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
+
     def unit_params(self, units: str) -> Dict[str, int]:
         """Parameters (elements) of each kind of unit: by default every
         submodule with tensors of its own, or ``units="layers"``: each
         decoder layer whole."""
-        h, i = self.hidden, self.intermediate
-        kv = self.kv_heads * (h // self.heads)
-        if self.kind == "gpt2":
-            pieces = {"attn.c_attn": 3 * h * h + 3 * h, "attn.c_proj": h * h + h,
-                      "mlp.c_fc": h * i + i, "mlp.c_proj": i * h + h, "ln": 2 * h}
-            per_layer = sum(pieces.values()) + 2 * h
-        else:
-            pieces = {"q_proj": h * h, "o_proj": h * h, "k_proj": h * kv, "v_proj": h * kv,
-                      "mlp.proj": h * i, "norm": h}
-            per_layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
-        out = {"embed": self.vocab * h + self.positions * h, "final_norm": h * (2 if
-                                                                               self.kind == "gpt2" else 1)}
+        h = self.hidden
+        out = {"embed": self.vocab * h + self.positions * h,
+               "final_norm": h * (2 if self.kind == "gpt2" else 1)}
         if not self.tied:
             out["head"] = self.vocab * h
         if units == "layers":
-            out["layer"] = per_layer
+            out["layer"] = self.per_layer()
         else:
-            out.update(pieces)
-        out["_per_layer"] = per_layer
+            out.update(self.layer_pieces())
         return out
 
     def params(self) -> int:
         u = self.unit_params("layers")
-        return u["embed"] + u["final_norm"] + u.get("head", 0) + self.layers * u["_per_layer"]
+        return u["embed"] + u["final_norm"] + u.get("head", 0) + self.layers * u["layer"]
+
+
+def size_text(nbytes: int) -> str:
+    """"1.50 GiB", or "12.0 MiB" below a GiB."""
+    return f"{nbytes / GiB:.2f} GiB" if nbytes >= GiB else f"{nbytes / 2**20:.1f} MiB"
 
 
 @dataclasses.dataclass
@@ -152,7 +160,7 @@ class Estimate:
         return sum(self.gpu.values())
 
     def table(self) -> str:
-        g = lambda b: f"{b / GiB:.2f} GiB" if b >= GiB else f"{b / 2**20:.1f} MiB"  # noqa: E731
+        g = size_text
         lines = [f"torch_uvm estimate: {self.task}, budget {g(self.budget)}, weights "
                  f"{g(self.weights)}",
                  f"  process GPU memory     {g(self.gpu_total)}"]
@@ -242,18 +250,15 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
         if dtype is None:
             first = next((p for p in module.parameters() if p.is_floating_point()), None)
             dtype = str(first.dtype).replace("torch.", "") if first is not None else None
-    cfg = config if isinstance(config, dict) else None
+    if not isinstance(config, dict):     # a config.json, or its folder: read once
+        path = os.fspath(config)
+        path = os.path.join(path, "config.json") if os.path.isdir(path) else path
+        with open(path) as f:
+            config = json.load(f)
     shape = Shape.from_config(config)
     if dtype is None:
-        if task == "full":
-            dtype = "float32"
-        else:
-            if cfg is None:
-                path = os.fspath(config)
-                path = os.path.join(path, "config.json") if os.path.isdir(path) else path
-                with open(path) as f:
-                    cfg = json.load(f)
-            dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+        dtype = "float32" if task == "full" else \
+            config.get("torch_dtype") or config.get("dtype") or "bfloat16"
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"torch_uvm: estimate's dtype is one of {sorted(DTYPE_BYTES)}, got "
                          f"{dtype!r}")
@@ -265,9 +270,8 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
         sizes = module_units(module, units)
         weights, largest = sum(sizes), max(sizes)
     else:
-        pieces = {k: v for k, v in shape.unit_params(units).items() if not k.startswith("_")}
         weights = shape.params() * e
-        largest = max(pieces.values()) * e
+        largest = max(shape.unit_params(units).values()) * e
     if task == "full":
         largest_trainable = largest
     elif task == "lora":   # a projection's adapters: rank x (in + out), fp32
@@ -305,13 +309,12 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
     if bound is not None:
         beside = sum(gpu_parts(0).values())          # all but the slots
         if beside + least > bound:
-            g = lambda b: f"{b / GiB:.2f} GiB"  # noqa: E731
-            taken = ", ".join(f"{k} {g(v)}" for k, v in gpu_parts(least).items())
+            taken = ", ".join(f"{k} {size_text(v)}" for k, v in gpu_parts(least).items())
             raise ValueError(
-                f"torch_uvm: {g(bound)} of GPU memory cannot hold this {WORDS[task]}: the least "
-                f"that "
-                f"works is {g(beside + least)} ({taken}). Raise gpu_memory, or lower batch or "
-                f"seq{', or checkpoint activations' if training and not checkpointing else ''}")
+                f"torch_uvm: {size_text(bound)} of GPU memory cannot hold this {WORDS[task]}: "
+                f"the least that works is {size_text(beside + least)} ({taken}). Raise "
+                f"gpu_memory, or lower batch or seq"
+                f"{', or checkpoint activations' if training and not checkpointing else ''}")
         chosen = min(bound - beside, weights)
     elif chosen is None:
         chosen = least

@@ -117,8 +117,7 @@ bool UnitLifecycle::has_stepped(int unit) const {
   return at(unit).state == UnitState::kStepped;
 }
 
-std::vector<int> UnitLifecycle::stepped_units() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+std::vector<int> UnitLifecycle::stepped_locked() const {
   std::vector<int> out;
   for (int i = 0; i < units(); ++i) {
     if (units_[i].state == UnitState::kStepped) out.push_back(i);
@@ -126,12 +125,14 @@ std::vector<int> UnitLifecycle::stepped_units() const {
   return out;
 }
 
+std::vector<int> UnitLifecycle::stepped_units() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stepped_locked();
+}
+
 std::vector<int> UnitLifecycle::stepped_in_backward() const {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!stepped_in_backward_) return {};
-  }
-  return stepped_units();
+  std::lock_guard<std::mutex> lock(mutex_);   // (one lock: the flag and the units agree)
+  return stepped_in_backward_ ? stepped_locked() : std::vector<int>{};
 }
 
 void UnitLifecycle::set_host_units(const std::vector<int>& units) {
@@ -168,10 +169,8 @@ std::vector<int> UnitLifecycle::end_backward() {
 
 std::vector<int> UnitLifecycle::step_ends() {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<int> stepped;
-  for (int i = 0; i < units(); ++i) {
-    Unit& u = units_[i];
-    if (u.state == UnitState::kStepped) stepped.push_back(i);
+  std::vector<int> stepped = stepped_locked();
+  for (Unit& u : units_) {
     if (u.state == UnitState::kStepped || u.state == UnitState::kGradientsDone) {
       u.state = UnitState::kIdle;
     }

@@ -107,6 +107,7 @@ class UnitLifecycle {
   };
   Unit& at(int unit);
   const Unit& at(int unit) const;
+  std::vector<int> stepped_locked() const;  // the stepped units; mutex_ held
 
   mutable std::mutex mutex_;
   std::vector<Unit> units_;
