@@ -99,7 +99,7 @@ def check_non_blocking(non_blocking, host_step: float, offloads: Optional[bool] 
 THREADS_VARIABLE = "TORCH_UVM_HOST_STEP_THREADS"
 COPIES_VARIABLE = "TORCH_UVM_HOST_STEP_COPIES"
 # In backward, the gradients whose copies home may be under way before the
-# backward's thread waits for the oldest (HostSteps._copy_under_way), as a
+# backward's thread waits for the oldest (HostSteps._limit_copies), as a
 # share of the offload's budget (and one submodule's, whatever its size);
 # TORCH_UVM_HOST_STEP_COPIES sets another (copies_share()). They sit in
 # PyTorch's memory, beside the slots the budget reserves, until their
@@ -209,8 +209,6 @@ class HostSteps:
         self._waiting: List[_Queued] = []       # not yet begun (the worker's to choose)
         self._lock = threading.Lock()
         self._executor = None                   # the executor whose homes they write
-        # gradients' copies home in backward: (an event after one, its bytes)
-        self._copies: collections.deque = collections.deque()
         self.copies_share = COPIES_AHEAD_SHARE  # copies_share(), read by stream_optimizer
         self._home_stream = self._side = None   # the executor's, and one for the worker's reads
         self._threads = 0               # threads(), read at the first step
@@ -268,8 +266,7 @@ class HostSteps:
         ready[0].record(self._home_stream)
         ready[1].record(torch.cuda.current_stream(self.device))
         if in_backward:
-            self._copy_under_way(ready[0], sum(p.grad.nbytes for p in params),
-                                 int(self.copies_share * state.budget))
+            self._limit_copies(executor, int(self.copies_share * state.budget))
         if self._worker is None:
             self._threads = threads()
             self._worker = concurrent.futures.ThreadPoolExecutor(
@@ -293,34 +290,17 @@ class HostSteps:
                     p.grad = None
         return True
 
-    def _copy_under_way(self, copied, nbytes: int, limit: int) -> None:
+    def _limit_copies(self, executor, limit: int) -> None:
         """In backward the compute stream does not wait for the gradients'
-        copies home (`copied`: an event after one of `nbytes`), and the host
-        queues kernels far ahead of the GPU: the memory of gradients whose
-        copies are under way is reused only once they pass, so PyTorch's
-        allocator would reserve more the further it runs ahead. Beyond
-        `limit` bytes under way (copies_share() of the budget), it waits
-        for the oldest, down to the newest alone."""
-        self._copies.append((copied, nbytes))
+        copies home, and the host queues kernels far ahead of the GPU: the
+        memory of gradients whose copies are under way is reused only once
+        they pass, so PyTorch's allocator would reserve more the further it
+        runs ahead. Beyond `limit` bytes under way (copies_share() of the
+        budget), the executor waits for the oldest, down to the newest
+        alone (core/home_copies.h: the one throttle on copies home)."""
         start = time.perf_counter()
-        while self._copy_bytes > limit and len(self._copies) > 1:
-            self._copies[0][0].synchronize()    # (raised, it stays counted and under way)
-            self._copies.popleft()
+        executor.limit_copies_home(limit)
         self._stepped["copy_wait_seconds"] += time.perf_counter() - start
-
-    @property
-    def _copy_bytes(self) -> int:
-        """The bytes of the gradients whose copies home are under way."""
-        return sum(nbytes for _, nbytes in self._copies)
-
-    def _forget_copies(self) -> None:
-        """A step ends the backward's count: the next backward counts anew.
-        (Its copies have passed: a step waited for them, or, non-blocking,
-        each submodule's next forward waits for its own step, and so for its
-        copy, before the next backward. A submodule the next forward skips
-        may still be copying: the count is low for a while, and the copies,
-        in order on one stream, pass before the next ones.)"""
-        self._copies.clear()
 
     def _next(self) -> _Queued:
         """Of the steps not begun, the one whose submodule runs first in the
@@ -386,7 +366,6 @@ class HostSteps:
 
     def wait(self) -> None:
         """Every step queued is done."""
-        self._forget_copies()
         self._finish(list(self._pending))
 
     def wait_unit(self, index: int) -> None:
@@ -413,7 +392,6 @@ class HostSteps:
         """optimizer.step() returns: every host step is done, or, with
         `non_blocking`, those found done by now are waited for."""
         if self.non_blocking:
-            self._forget_copies()
             self.settle()
         else:
             self.wait()

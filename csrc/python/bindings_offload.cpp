@@ -215,6 +215,8 @@ void bind_offload(py::module_& m) {
            [](const StreamExecutor& e) {
              return reinterpret_cast<std::intptr_t>(e.home_stream().stream());
            })
+      .def("limit_copies_home", locked(&StreamExecutor::limit_copies_home))
+      .def("copies_home_under_way", locked(&StreamExecutor::copies_home_under_way))
       .def("set_training", locked(&StreamExecutor::set_training))
       .def("set_trainable", locked(&StreamExecutor::set_trainable))
       .def("largest_trainable", locked(&StreamExecutor::largest_trainable))

@@ -24,16 +24,16 @@ StreamExecutor::StreamExecutor(ResidencyBudget& budget, ShareId share, c10::Devi
     : budget_(budget),
       share_(share),
       device_(device),
-      ahead_(ahead),
-      in_place_(in_place),
-      training_(training),
+      schedule_(budget, share, ahead, in_place, training),
       bring_stream_(c10::cuda::getStreamFromPool(false, device.index())),
       home_stream_(c10::cuda::getStreamFromPool(false, device.index())),
+      homes_(allocator().runtime(), budget, share, device.index(),
+             [](std::size_t bytes) {
+               return std::make_shared<TraceScope>("wait_for_home", "", bytes);
+             }),
       compute_done_(allocator().runtime()),
-      homes_written_(allocator().runtime()),
       step_inputs_(allocator().runtime()) {
   TORCH_CHECK(device.is_cuda() && device.has_index(), "torch_uvm: streaming needs a GPU");
-  TORCH_CHECK(ahead >= 1, "torch_uvm: ahead must be at least 1");
 }
 
 // Dropped with tensors on the GPU (an offload collected without undo): the
@@ -112,7 +112,6 @@ int StreamExecutor::add_unit(const std::string& name, const std::vector<at::Tens
                              const std::vector<at::Tensor>& buffers) {
   Unit u;
   u.name = name;
-  seq_pos_.push_back(-1);
   for (const at::Tensor& t : targets) {
     int id = entry_for(t);
     if (id < 0) id = add_entry(t, StreamedTensor::Memory::kHome, name);
@@ -129,7 +128,7 @@ int StreamExecutor::add_unit(const std::string& name, const std::vector<at::Tens
   u.trainable = trainable;
   u.grads.assign(trainable.size(), -1);
   units_.push_back(std::move(u));
-  return static_cast<int>(units_.size()) - 1;
+  return schedule_.add_unit(storage_bytes(trainable));
 }
 
 std::size_t StreamExecutor::unit_bytes(int unit) const {
@@ -159,17 +158,16 @@ std::string StreamExecutor::holders() const {
   std::ostringstream os;
   std::size_t resident = 0;
   int shown = 0;
-  for (const Unit& u : units_) {
-    if (u.resident) {
-      resident += unit_bytes(static_cast<int>(&u - units_.data()));
+  for (int unit = 0; unit < units(); ++unit) {
+    if (schedule_.resident(unit)) {
+      resident += unit_bytes(unit);
       continue;
     }
-    const char* why = u.held ? (u.running_backward ? "in backward" : "running")
-                    : u.staged ? "brought ahead" : nullptr;
+    const char* why = schedule_.holds(unit);
     if (!why) continue;
     if (shown++ < 8) {
-      os << (shown > 1 ? ", " : "") << "'" << u.name << "' (" << why << ", "
-         << format_bytes(unit_bytes(static_cast<int>(&u - units_.data()))) << ")";
+      os << (shown > 1 ? ", " : "") << "'" << units_[unit].name << "' (" << why << ", "
+         << format_bytes(unit_bytes(unit)) << ")";
     }
   }
   if (shown > 8) os << " and " << shown - 8 << " more";
@@ -177,18 +175,6 @@ std::string StreamExecutor::holders() const {
   os << "; resident units: " << format_bytes(resident);
   if (!step_held_.empty()) os << "; an optimizer step's tensors";
   return os.str();
-}
-
-std::vector<int> StreamExecutor::pass_order() const {
-  std::vector<int> order;
-  std::unordered_set<int> taken;
-  for (int u : seen_) {
-    if (taken.insert(u).second) order.push_back(u);
-  }
-  for (int u = 0; u < units(); ++u) {
-    if (taken.insert(u).second) order.push_back(u);  // never ran: last
-  }
-  return order;
 }
 
 ResidentPlan StreamExecutor::plan_for(const std::vector<int>& order, std::size_t per_streamed,
@@ -201,50 +187,41 @@ ResidentPlan StreamExecutor::plan_for(const std::vector<int>& order, std::size_t
   // ResidentAt); a backward ends on the resident ones.
   return plan_resident(pieces, piece_bytes, budget_.share_stats(share_).limit,
                        Window{per_streamed, per_any * largest_trainable()},
-                       training_ ? ResidentAt::kStart : ResidentAt::kEnd);
+                       schedule_.training() ? ResidentAt::kStart : ResidentAt::kEnd);
 }
 
 std::size_t StreamExecutor::streamed_per_pass(std::size_t per_streamed,
                                               std::size_t per_any) const {
-  const ResidentPlan p = plan_for(pass_order(), per_streamed, per_any);
+  const ResidentPlan p = plan_for(schedule_.pass_order(), per_streamed, per_any);
   std::size_t sum = 0;
   for (std::size_t b : p.stream_bytes) sum += b;
   return sum;
 }
 
-void StreamExecutor::set_in_place(bool in_place) {
-  TORCH_CHECK(!planned_, "torch_uvm: how an offload streams is chosen before its plan");
-  in_place_ = in_place;
-}
+void StreamExecutor::set_in_place(bool in_place) { schedule_.set_in_place(in_place); }
 
 void StreamExecutor::plan(std::size_t per_streamed, std::size_t per_any) {
   TraceScope scope("plan", "", budget_.share_stats(share_).limit);
   // The first forward's slots leave, and the resident units come first into
   // the empty arena: in one piece at its start, with the ring after them.
   evict_unused();
-  reap_homes();
-  order_ = pass_order();
-  position_.assign(units_.size(), 0);
-  for (std::size_t i = 0; i < order_.size(); ++i) position_[order_[i]] = static_cast<int>(i);
-  const ResidentPlan planned = plan_for(order_, per_streamed, per_any);
-  const std::vector<bool>& resident = planned.resident;
-  for (std::size_t i = 0; i < order_.size(); ++i) {
-    Unit& u = units_[order_[i]];
-    u.resident = resident[i];
-    u.stream_bytes = planned.stream_bytes[i];  // a tied weight held resident is not brought
-    if (!u.resident) continue;
-    bring_entries(u.tensors, bring_stream_);
-    for (int id : u.tensors) {
+  homes_.reap();
+  const std::vector<int> order = schedule_.pass_order();
+  const ResidentPlan planned = plan_for(order, per_streamed, per_any);
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    if (!planned.resident[i]) continue;
+    bring_entries(units_[order[i]].tensors, bring_stream_);
+    for (int id : units_[order[i]].tensors) {
       entries_[id].pinned = true;
       release(id);
     }
   }
-  window_bytes_ = static_cast<std::size_t>(ahead_ + 1) * planned.largest_streamed;
-  step_units_ = per_any;
-  for (Unit& u : units_) {
-    if (u.resident) wait_ready(u.tensors);
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    if (planned.resident[i]) wait_ready(units_[order[i]].tensors);
   }
-  planned_ = true;
+  // (a tied weight held resident is not brought: the plan's stream bytes)
+  schedule_.plan(order, planned.resident, planned.stream_bytes, planned.largest_streamed,
+                 per_any);
 }
 
 }  // namespace torch_uvm

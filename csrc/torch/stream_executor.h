@@ -6,7 +6,9 @@
 // leaves is streamed_tensor's. The definitions: stream_executor.cpp (the
 // books and the plan), stream_executor_memory.cpp (the arena, the homes,
 // what leaves), stream_executor_pass.cpp (a pass: bring ahead, let go) and
-// stream_executor_training.cpp (gradients and steps).
+// stream_executor_training.cpp (gradients and steps). What decides when a
+// unit comes and goes (the route, what is brought ahead, what a pass lets
+// go) is core/unit_schedule.h's; this carries it out on tensors and streams.
 //
 // Memory: every slot a bring draws comes from one range of the share's
 // budget (core/slot_arena.h), so the GPU memory it streams through is the
@@ -31,8 +33,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/home_copies.h"
 #include "core/residency.h"
 #include "core/resident_plan.h"
+#include "core/unit_schedule.h"
 #include "torch/streamed_tensor.h"
 
 namespace torch_uvm {
@@ -71,7 +75,7 @@ class StreamExecutor {
   // times the largest unit's trainable parameters: a frozen unit steps
   // nothing) and brings them.
   void plan(std::size_t per_streamed, std::size_t per_any);
-  bool planned() const { return planned_; }
+  bool planned() const { return schedule_.planned(); }
   // Before plan(): the bytes a pass would bring with that window (a
   // streamed unit's pieces no resident unit holds, summed), to compare
   // ways of streaming; and the choice of one, and of whether it trains (an
@@ -87,8 +91,8 @@ class StreamExecutor {
   // The largest unit's trainable bytes (what a step of it brings beside its
   // weights is sized by).
   std::size_t largest_trainable() const;
-  const std::vector<int>& order() const { return order_; }
-  bool resident(int unit) const { return units_.at(unit).resident; }
+  const std::vector<int>& order() const { return schedule_.order(); }
+  bool resident(int unit) const { return schedule_.resident(unit); }
 
   // Forward (or backward, in reverse order): the unit is about to run, its
   // tensors are on the GPU for the compute stream, and the next streamed
@@ -144,9 +148,18 @@ class StreamExecutor {
   // is done (torch_uvm/host_step.py): no bring copies them meanwhile. A
   // bring ahead stops before it (the unit comes on demand, once its step is
   // done); a bring on demand of a busy unit is refused.
-  void set_home_busy(int unit, bool busy) { units_.at(unit).home_busy = busy; }
+  void set_home_busy(int unit, bool busy) { schedule_.set_home_busy(unit, busy); }
   // Where copies home are queued: a host step waits there for its gradients.
   c10::cuda::CUDAStream home_stream() const { return home_stream_; }
+  // In a backward whose gradients go home unwaited for (a host step): the
+  // host waits, oldest first, while more than `bytes` of copies home are
+  // under way (core/home_copies.h).
+  void limit_copies_home(std::size_t bytes) { homes_.at_most(bytes); }
+  // The bytes from beside the arena whose copies home are under way.
+  std::size_t copies_home_under_way() {
+    homes_.reap();
+    return homes_.beside_under_way();
+  }
   // Everything leaves the GPU, resident units included (undo); after this,
   // nothing is planned.
   void evict_all();
@@ -157,7 +170,7 @@ class StreamExecutor {
   // (in budget errors and tests).
   std::string holders() const;
   // The units brought ahead that have not run yet.
-  const std::vector<int>& staged() const { return staged_; }
+  const std::vector<int>& staged() const { return schedule_.staged(); }
   // How many tensors it streams (weights, and gradients and states it took).
   std::size_t streamed_tensors() const { return entries_.size(); }
   int units() const { return static_cast<int>(units_.size()); }
@@ -201,15 +214,6 @@ class StreamExecutor {
     // every parameter whose gradient it streamed -> that gradient's entry
     // (kept while the parameter is frozen: unfrozen, it has its home again)
     std::unordered_map<const c10::TensorImpl*, int> grad_ids;
-    bool resident = false;
-    std::size_t stream_bytes = 0;  // what it brings when it streams (after plan)
-    bool staged = false;     // brought ahead, not yet run: holds its tensors
-    bool staged_backward = false;
-    int staged_from = 0;     // the place of the unit that brought it ahead
-    bool running = false;    // between before() and after()
-    bool running_backward = false;
-    bool held = false;       // running, and holding its tensors
-    bool home_busy = false;  // a host step is writing its homes (set_home_busy)
   };
 
   c10::cuda::CUDAStream compute() const;
@@ -249,27 +253,17 @@ class StreamExecutor {
   // `ids` leave now, counted as evictions by how they leave (written ones go
   // home by a copy); held, pinned or absent ones stay.
   void evict_now(const std::vector<int>& ids);
+  // What a batch of departures wrote home: its bytes, and those of them
+  // from memory beside the arena (gradients: HomeCopies::at_most).
+  struct Wrote {
+    std::size_t bytes = 0;
+    std::size_t beside = 0;
+  };
   // Leaves now: written home if the budget or its version says so (the
-  // caller recorded compute_done_ for it). Returns whether it was written home.
-  bool leave(int id, bool written);
-  void stage_next(int unit, bool backward);
-  // Whether `bytes` more fit beyond the window now: room nothing holds,
-  // beside what a backward's steps still need (step_room).
-  bool room_beyond_window(std::size_t bytes, int at, bool backward) const;
-  // The room a backward's gradients and steps need from route place `at`
-  // on: step_units_ of the largest trainable unit it has still to run.
-  std::size_t step_room(int at) const;
-  // The route a pass walks: the planned order, or, in a backward, the
-  // forward that built its graph (forward_seq_); a unit's place on it (its
-  // last, or -1 if it is not on it).
-  bool on_route(bool backward) const;
-  int place(int unit, bool backward) const;
-  // How far place `to` lies from `from` the way a pass runs (wrapping
-  // round for inference's forwards); negative: behind it.
-  int distance(int from, int to, bool backward) const;
-  // Units brought ahead that the pass has gone past stop holding their slots.
-  void let_go_of_passed(int unit, bool backward);
-  void unstage(Unit& u);
+  // caller recorded compute_done_ for it), counted in `wrote`.
+  void leave(int id, bool written, Wrote& wrote);
+  // The units' tensors stop being held (the schedule let go of them).
+  void release_units(const std::vector<int>& units);
   // For a bring that must happen now and finds the budget held: units
   // brought ahead, and units whose backward is under way (if their weights
   // leave, their kernels read them in place in their home: weights are
@@ -279,12 +273,11 @@ class StreamExecutor {
   // budget is held, lets go of what can wait and tries once more, and names
   // who holds it if it still does not fit.
   std::vector<EvictionStep> admit(int id, bool required);
-  // The first forward's order of the units (each once; those that never
-  // ran last), and the resident units it gives with a window.
-  std::vector<int> pass_order() const;
+  // The resident units an order gives with a window.
   ResidentPlan plan_for(const std::vector<int>& order, std::size_t per_streamed,
                         std::size_t per_any) const;
   std::size_t new_grad_bytes(const Unit& u) const;  // its parameters without a gradient
+  static std::size_t storage_bytes(const std::vector<at::Tensor>& tensors);
   // The name of the first of `tensors` it streams ("optimizer" if none):
   // states a step makes or loads are named after it.
   std::string owner_of(const std::vector<at::Tensor>& tensors) const;
@@ -293,36 +286,16 @@ class StreamExecutor {
   ResidencyBudget& budget_;
   ShareId share_;
   c10::Device device_;
-  int ahead_;
-  std::size_t window_bytes_ = 0;  // the running unit and those brought ahead (after plan)
-  std::size_t step_units_ = 0;    // the plan's room for a step, in its largest trainable unit
-  bool in_place_;
-  bool training_;
-  bool planned_ = false;
+  UnitSchedule schedule_;
   std::vector<Entry> entries_;
   std::unordered_map<const c10::TensorImpl*, int> by_target_;
   std::unordered_map<std::uintptr_t, int> by_key_;
   std::vector<Unit> units_;
-  std::vector<int> seen_;       // the units as the first forward ran them
-  std::vector<int> order_;      // the forward order, once planned
-  std::vector<int> position_;   // unit -> its place in order_
   std::vector<int> step_held_;  // held by bring() until step_done()
-  std::vector<int> staged_;     // the units brought ahead, not yet run
-  std::vector<int> forward_seq_;  // training: the units the forwards since the last backward ran
-  std::vector<int> seq_pos_;      // unit -> its last place in forward_seq_, or -1
-  bool in_backward_ = false;      // a backward ran since the last end_pass
   c10::cuda::CUDAStream bring_stream_;
   c10::cuda::CUDAStream home_stream_;
-  // Written slots let go whose copies home are under way, oldest first,
-  // and their bytes: the allocator holds them until the copy passes, and
-  // the budget counts them as leaving until then (make_room).
-  std::deque<std::pair<std::unique_ptr<RuntimeEvent>, std::size_t>> homes_pending_;
-  void note_homes(std::size_t bytes);
-  void pass_home();   // the oldest copy home passed
-  void reap_homes();  // those that passed
-  // before drawing a slot: waits while they hold the share over its
-  // budget, with `extra` bytes more
-  void make_room(std::size_t extra = 0);
+  // Copies home under way, and the waits for them (core/home_copies.h).
+  HomeCopies homes_;
   // Before work that makes `bytes` on the GPU.
   void room_for(std::size_t bytes);
   // Where brought slots come from: one range the size of the budget, or of
@@ -332,7 +305,6 @@ class StreamExecutor {
   std::size_t arena_bytes(std::size_t budget) const;
   std::vector<c10::Storage> arena_slots(const std::vector<std::size_t>& sizes);
   StreamsPassed compute_done_;  // the compute streams' work before a batch of evictions
-  RuntimeEvent homes_written_;  // the last copy home
   RuntimeEvent step_inputs_;    // the compute stream's work when optimizer.step() began
 };
 

@@ -21,45 +21,11 @@ void StreamExecutor::carry_out(const std::vector<EvictionStep>& steps) {
   std::vector<int> ids;
   for (const EvictionStep& s : steps) ids.push_back(by_key_.at(s.address));
   record_done(ids);
-  std::size_t wrote = 0;
+  Wrote wrote;
   for (std::size_t k = 0; k < ids.size(); ++k) {
-    if (leave(ids[k], steps[k].how == Eviction::kWriteHome)) {
-      wrote += entries_[ids[k]].tensor->nbytes();
-    }
+    leave(ids[k], steps[k].how == Eviction::kWriteHome, wrote);
   }
-  note_homes(wrote);
-}
-
-void StreamExecutor::note_homes(std::size_t bytes) {
-  if (bytes == 0) return;
-  homes_written_.record(stream_ref(home_stream_));
-  auto done = std::make_unique<RuntimeEvent>(allocator().runtime());
-  done->record(stream_ref(home_stream_));
-  budget_.leaving(device_.index(), share_, bytes);
-  homes_pending_.emplace_back(std::move(done), bytes);
-}
-
-void StreamExecutor::pass_home() {
-  budget_.left(device_.index(), share_, homes_pending_.front().second);
-  homes_pending_.pop_front();
-}
-
-void StreamExecutor::reap_homes() {
-  while (!homes_pending_.empty() && homes_pending_.front().first->done()) pass_home();
-}
-
-// A slot let go with its copy home under way is freed by the allocator once
-// the copy passes; drawn before that, a new slot would be new memory. The
-// budget counts such bytes as leaving until then: while they hold the share
-// over its budget, the host waits for the oldest copy. The GPU then holds
-// no more than the budget, in memory as in the books.
-void StreamExecutor::make_room(std::size_t extra) {
-  reap_homes();
-  while (!homes_pending_.empty() && budget_.excess(device_.index(), share_, extra) > 0) {
-    TraceScope scope("wait_for_home", "", homes_pending_.front().second);
-    homes_pending_.front().first->wait();
-    pass_home();
-  }
+  homes_.queued(wrote.bytes, wrote.beside, stream_ref(home_stream_));
 }
 
 // Memory the GPU is about to make for the share (a unit's gradients, an
@@ -68,13 +34,13 @@ void StreamExecutor::make_room(std::size_t extra) {
 // when it is adopted.
 void StreamExecutor::room_for(std::size_t bytes) {
   if (bytes == 0) return;
-  reap_homes();
+  homes_.reap();
   carry_out(budget_.make_room(device_.index(), share_, bytes));
   const ResidencyStats s = budget_.share_stats(share_);
   if (s.resident_bytes + bytes > s.limit && let_go_of_what_can_wait()) {
     carry_out(budget_.make_room(device_.index(), share_, bytes));
   }
-  make_room(bytes);
+  homes_.make_room(bytes);
 }
 
 // The books have room for slots of `sizes`; the arena may not, in one piece
@@ -94,14 +60,17 @@ std::vector<c10::Storage> StreamExecutor::arena_slots(const std::vector<std::siz
   }
 }
 
-bool StreamExecutor::leave(int id, bool written) {
+void StreamExecutor::leave(int id, bool written, Wrote& wrote) {
   StreamedTensor& t = *entries_[id].tensor;
   written = written || t.changed() || !t.has_home();
   TraceScope scope(written ? "write_home" : "drop", entries_[id].name, t.nbytes(),
                    stream_ref(home_stream_));
-  const bool home = t.leave(written, compute_done_, streams_of(id), home_stream_);
+  const bool beside = !t.in_arena();
+  if (t.leave(written, compute_done_, streams_of(id), home_stream_)) {
+    wrote.bytes += t.nbytes();
+    if (beside) wrote.beside += t.nbytes();
+  }
   entries_[id].used_on.clear();  // its slot is gone: no stream uses it now
-  return home;
 }
 
 bool StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAStream stream,
@@ -122,7 +91,7 @@ bool StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAS
   }
   if (!arena_) arena_ = make_slot_arena(arena_bytes(budget_.share_stats(share_).limit),
                                         bring_stream_);
-  reap_homes();  // copies home that passed leave room: nothing evicted for them
+  homes_.reap();  // copies home that passed leave room: nothing evicted for them
   std::vector<int> held, coming;
   std::size_t brought = 0;
   auto ready = std::make_shared<RuntimeEvent>(allocator().runtime());
@@ -145,7 +114,7 @@ bool StreamExecutor::bring_entries(const std::vector<int>& ids, c10::cuda::CUDAS
       carry_out(steps);
     }
     if (coming.empty()) return true;
-    make_room();
+    homes_.make_room();
     std::vector<std::size_t> sizes;
     for (int id : coming) sizes.push_back(entries_[id].tensor->nbytes());
     // (beyond the window: the arena's free ranges alone, nothing leaves,
@@ -202,7 +171,7 @@ std::size_t StreamExecutor::arena_bytes(std::size_t budget) const {
   for (const Entry& e : entries_) all += SlotArena::block_bytes(e.tensor->nbytes());
   for (const Unit& u : units_) {
     for (const at::Tensor& p : u.trainable) {
-      all += training_ ? (1 + kStatesPerParameter) * SlotArena::block_bytes(p.storage().nbytes())
+      all += schedule_.training() ? (1 + kStatesPerParameter) * SlotArena::block_bytes(p.storage().nbytes())
                        : 0;
     }
   }
@@ -225,51 +194,40 @@ std::vector<EvictionStep> StreamExecutor::admit(int id, bool required) {
 }
 
 bool StreamExecutor::let_go_of_what_can_wait() {
-  bool any = !staged_.empty();
-  while (!staged_.empty()) unstage(units_[staged_.back()]);
-  for (Unit& u : units_) {
-    if (!u.held || !u.running_backward) continue;
-    u.held = false;
-    for (int id : u.tensors) release(id);
-    any = true;
-  }
-  return any;
+  const std::vector<int> let_go = schedule_.let_go_of_what_can_wait();
+  release_units(let_go);
+  return !let_go.empty();
 }
 
 void StreamExecutor::evict_now(const std::vector<int>& ids) {
   record_done(ids);
-  std::size_t wrote = 0;
+  Wrote wrote;
   for (int id : ids) {
     Entry& e = entries_[id];
     if (e.pinned || e.holds > 0 || !e.tensor->in_slot()) continue;
     const auto how = budget_.evict(key(id));
-    if (leave(id, how == Eviction::kWriteHome)) wrote += e.tensor->nbytes();
+    leave(id, how == Eviction::kWriteHome, wrote);
   }
-  note_homes(wrote);
+  homes_.queued(wrote.bytes, wrote.beside, stream_ref(home_stream_));
 }
 
 void StreamExecutor::evict_unused() {
   std::vector<int> all(entries_.size());
   for (std::size_t id = 0; id < all.size(); ++id) all[id] = static_cast<int>(id);
   evict_now(all);
-  homes_written_.block(stream_ref(compute()));
+  homes_.block(stream_ref(compute()));
 }
 
 void StreamExecutor::evict_unit(int unit) { evict_now(units_.at(unit).tensors); }
 
 void StreamExecutor::evict_all() {
-  for (Unit& u : units_) {
-    u.staged = u.running = u.held = false;
-    u.resident = false;
-  }
-  staged_.clear();
+  schedule_.clear();
   for (Entry& e : entries_) {
     e.holds = 0;
     e.pinned = false;
     budget_.set_busy(reinterpret_cast<std::uintptr_t>(e.tensor.get()), false);
   }
   step_held_.clear();
-  planned_ = false;
   evict_unused();
   arena_.reset();  // its memory goes back once its last slot is gone
 }

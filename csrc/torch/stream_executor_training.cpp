@@ -25,9 +25,12 @@ bool streamable(const at::Tensor& t) {
 
 }  // namespace
 
-void StreamExecutor::set_training(bool training) {
-  TORCH_CHECK(!planned_, "torch_uvm: whether an offload trains is set before its plan");
-  training_ = training;
+void StreamExecutor::set_training(bool training) { schedule_.set_training(training); }
+
+std::size_t StreamExecutor::storage_bytes(const std::vector<at::Tensor>& tensors) {
+  std::size_t sum = 0;
+  for (const at::Tensor& t : tensors) sum += t.storage().nbytes();
+  return sum;
 }
 
 void StreamExecutor::set_trainable(int unit, const std::vector<at::Tensor>& trainable) {
@@ -39,17 +42,10 @@ void StreamExecutor::set_trainable(int unit, const std::vector<at::Tensor>& trai
   }
   u.trainable = trainable;
   u.grads = std::move(grads);
+  schedule_.set_trainable_bytes(unit, storage_bytes(trainable));
 }
 
-std::size_t StreamExecutor::largest_trainable() const {
-  std::size_t largest = 0;
-  for (const Unit& u : units_) {
-    std::size_t sum = 0;
-    for (const at::Tensor& p : u.trainable) sum += p.storage().nbytes();
-    largest = std::max(largest, sum);
-  }
-  return largest;
-}
+std::size_t StreamExecutor::largest_trainable() const { return schedule_.largest_trainable(); }
 
 std::size_t StreamExecutor::new_grad_bytes(const Unit& u) const {
   std::size_t sum = 0;
@@ -61,7 +57,7 @@ std::size_t StreamExecutor::new_grad_bytes(const Unit& u) const {
 
 void StreamExecutor::adopt(int id) {
   StreamedTensor& t = *entries_[id].tensor;
-  reap_homes();
+  homes_.reap();
   t.adopt();
   carry_out(budget_.admit(device_.index(), key(id), t.nbytes(), true, share_, false));
 }
@@ -80,7 +76,7 @@ void StreamExecutor::grads_ready(int unit, bool send_home, bool wait_home) {
     if (gid < 0) {
       gid = add_entry(g, StreamedTensor::Memory::kSlot, u.name + ".grad");
       u.grad_ids[u.trainable[k].unsafeGetTensorImpl()] = gid;
-      reap_homes();
+      homes_.reap();
       carry_out(budget_.admit(device_.index(), key(gid), g.nbytes(), true, share_, false));
     } else {
       Entry& e = entries_[gid];
@@ -101,7 +97,7 @@ void StreamExecutor::grads_ready(int unit, bool send_home, bool wait_home) {
     // .grad now points at its home while the copy there is under way: what
     // the compute stream does next with it (DDP copies it into a bucket,
     // then writes the averaged gradient back) comes after the copy
-    if (wait_home) homes_written_.block(stream_ref(compute()));
+    if (wait_home) homes_.block(stream_ref(compute()));
   }
   after(unit);
 }
@@ -162,7 +158,7 @@ void StreamExecutor::step_done(const std::vector<at::Tensor>& tensors,
     if (id < 0) {  // made by the step (an optimizer state): on the GPU now
       if (!streamable(t)) continue;
       id = add_entry(t, StreamedTensor::Memory::kSlot, owner + ".state");
-      reap_homes();
+      homes_.reap();
       carry_out(budget_.admit(device_.index(), key(id), t.nbytes(), true, share_, false));
     }
     ids.push_back(id);

@@ -24,7 +24,7 @@
 #include <optional>
 #include <vector>
 
-#include "torch/runtime_event.h"
+#include "core/runtime_event.h"
 #include "torch/slot_memory.h"
 
 namespace torch_uvm {

@@ -180,42 +180,6 @@ class _Event:
         self.waited = self.passed = True
 
 
-def test_the_backward_waits_for_the_oldest_copies_beyond_their_bytes_ahead():
-    steps = host_step.HostSteps(torch.device("cuda", 0))
-    sizes = [30, 30, 30, 50, 10, 5]
-    copies = [_Event(False) for _ in sizes]
-    for event, nbytes in zip(copies, sizes):
-        steps._copy_under_way(event, nbytes, 100)
-    # 90 under way, then 140 > 100: the oldest two go (80 left); then 90, 95
-    assert [e.waited for e in copies] == [True, True, False, False, False, False]
-    assert steps._copy_bytes == 95
-    assert steps.stats()["copy_wait_seconds"] > 0
-    big = _Event(False)
-    steps._copy_under_way(big, 1000, 100)   # one beyond the limit alone: waits for the rest
-    assert all(e.waited for e in copies) and not big.waited
-    steps.end_step()                        # a step forgets them: the next backward counts anew
-    assert not steps._copies and steps._copy_bytes == 0
-    exact = [_Event(False) for _ in range(2)]
-    for event in exact:                     # up to the limit itself: no wait
-        steps._copy_under_way(event, 50, 100)
-    assert not any(e.waited for e in exact) and steps._copy_bytes == 100
-
-
-class _FailingEvent(_Event):
-    def synchronize(self) -> None:
-        raise RuntimeError("CUDA error: an illegal memory access was encountered")
-
-
-def test_a_copy_whose_wait_fails_stays_counted():
-    steps = host_step.HostSteps(torch.device("cuda", 0))
-    failing = _FailingEvent(False)
-    steps._copy_under_way(failing, 80, 100)
-    with pytest.raises(RuntimeError, match="illegal memory access"):
-        steps._copy_under_way(_Event(False), 80, 100)
-    # both still under way, and counted: the books agree with the queue
-    assert len(steps._copies) == 2 and steps._copy_bytes == 160
-
-
 def test_the_worker_takes_the_step_whose_gradients_are_home_that_the_forward_needs_first():
     steps = host_step.HostSteps(torch.device("cuda", 0))
     # (the place in the forward's order, whether its gradients are home)
