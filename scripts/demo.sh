@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets up and runs the demo: what the caching managed allocator does.
+# Sets up and runs the demo: a model larger than its GPU budget, run and
+# trained bit for bit as all on the GPU (examples/demo.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null

@@ -170,10 +170,13 @@ class Estimate:
         if self.link_gbps is None:
             lines.append("  link                   not measured: no GPU here (the time floor "
                          "needs the pinned rate: pass --link-gbps, or link_gbps=)")
+        elif not self.floor_s:
+            lines.append(f"  link                   {self.link_gbps:.1f} GB/s pinned: it bounds "
+                         "nothing (every weight stays on the GPU)")
         else:
-            rate = (f"{self.tokens / self.floor_s:.0f} tokens/s" if self.floor_s else "no link bound")
             lines.append(f"  link                   {self.link_gbps:.1f} GB/s pinned: at most "
-                         f"{rate} ({self.floor_s or 0:.3f} s a {self.per} at least)")
+                         f"{self.tokens / self.floor_s:.0f} tokens/s ({self.floor_s:.3f} s a "
+                         f"{self.per} at least)")
         return "\n".join(lines)
 
 

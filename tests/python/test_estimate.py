@@ -74,6 +74,16 @@ def test_gpu_memory_chooses_the_largest_budget_within_it():
         estimate(TINY, budget="1MiB", gpu_memory="1GiB", link_gbps=None)
 
 
+def test_a_model_that_fits_whole_is_bounded_by_no_link():
+    """Every weight resident: the link moves nothing, and the table says so
+    (not a rate over a floor of zero)."""
+    e = estimate(TINY, task="generate", gpu_memory="64GiB", link_gbps=50.0)
+    assert e.budget >= e.weights and not e.floor_s
+    assert "bounds nothing" in e.table() and "tokens/s" not in e.table()
+    streamed = estimate(TINY, task="generate", budget=e.least_budget, link_gbps=50.0)
+    assert streamed.floor_s > 0 and "tokens/s" in streamed.table()
+
+
 def test_estimate_refuses_what_it_cannot_read(tmp_path):
     for kwargs, what in [(dict(task="train"), "task"), (dict(units="blocks"), "units"),
                          (dict(dtype="int8"), "dtype"), (dict(batch=0), "batch"),

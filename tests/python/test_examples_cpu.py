@@ -61,3 +61,15 @@ def test_an_example_that_needs_a_gpu_says_so_without_one(ran, name):
     r = ran[name]
     assert r.returncode == 2, f"{name}.py: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
     assert "needs a CUDA GPU" in r.stderr, r.stderr[-3000:]
+
+
+@pytest.mark.skipif(HAS_GPU, reason="with a GPU, test_gpu_howto_examples.py runs the demo")
+def test_the_demo_without_a_gpu_says_what_a_7b_takes_then_runs_the_policy_tests():
+    """README's first command on a machine without a GPU: the estimate of a
+    7B on a 24 GiB card (the full fine-tune streams; the others fit whole),
+    then the C++ tests of the policy over host memory."""
+    r = subprocess.run([sys.executable, os.path.join(FOLDER, "demo.py")], cwd=ROOT,
+                       env=_child_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, f"demo.py failed:\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+    assert "full fine-tune, fp32 + AdamW   streamed" in r.stdout, r.stdout
+    assert "No CUDA GPU here" in r.stdout and "PASSED" in r.stdout, r.stdout
