@@ -5,11 +5,11 @@
 
 namespace torch_uvm {
 
-HomeCopies::HomeCopies(Runtime& runtime, ResidencyBudget& budget, DeviceIndex device,
-                       ShareId share, OnWait on_wait)
+HomeCopies::HomeCopies(Runtime& runtime, ResidencyBudget& budget, ShareId share,
+                       OnWait on_wait)
     : runtime_(runtime),
       budget_(budget),
-      device_(device),
+      device_(budget.device_of(share)),
       share_(share),
       on_wait_(std::move(on_wait)),
       last_(runtime) {}
@@ -25,21 +25,25 @@ void HomeCopies::queued(std::size_t bytes, std::size_t beside, StreamRef stream)
   beside_ += beside;
 }
 
-void HomeCopies::reap() {
-  while (!pending_.empty() && pending_.front().done->done()) {
-    budget_.left(device_, share_, pending_.front().bytes);
-    under_way_ -= pending_.front().bytes;
-    beside_ -= pending_.front().beside;
-    pending_.pop_front();
-  }
+void HomeCopies::pass_oldest() {
+  budget_.left(device_, share_, pending_.front().bytes);
+  under_way_ -= pending_.front().bytes;
+  beside_ -= pending_.front().beside;
+  pending_.pop_front();
 }
 
+void HomeCopies::reap() {
+  while (!pending_.empty() && pending_.front().done->done()) pass_oldest();
+}
+
+// Only the copy waited for leaves the books: those after it are found passed
+// at the next reap.
 void HomeCopies::wait_oldest() {
   {
     const std::shared_ptr<void> scope = on_wait_ ? on_wait_(pending_.front().bytes) : nullptr;
     pending_.front().done->wait();  // (raised, it stays counted and under way)
   }
-  reap();
+  pass_oldest();
 }
 
 void HomeCopies::make_room(std::size_t extra) {

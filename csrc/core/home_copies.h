@@ -31,8 +31,8 @@ class HomeCopies {
   // returns lives until the wait ends (a trace's range).
   using OnWait = std::function<std::shared_ptr<void>(std::size_t)>;
 
-  HomeCopies(Runtime& runtime, ResidencyBudget& budget, DeviceIndex device, ShareId share,
-             OnWait on_wait = nullptr);
+  // `share`: an open share of `budget` (its GPU is the budget's to say).
+  HomeCopies(Runtime& runtime, ResidencyBudget& budget, ShareId share, OnWait on_wait = nullptr);
   // Copies pending at destruction are left to the runtime: the share closes
   // with its books.
 
@@ -56,7 +56,8 @@ class HomeCopies {
   std::size_t copies_under_way() const { return pending_.size(); }
 
  private:
-  void wait_oldest();
+  void wait_oldest();  // the host waits for the oldest copy, which then leaves the books
+  void pass_oldest();  // the oldest copy passed: it leaves the books
 
   Runtime& runtime_;
   ResidencyBudget& budget_;

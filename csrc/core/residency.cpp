@@ -41,6 +41,13 @@ const ResidencyBudget::Share& ResidencyBudget::open_share_of(DeviceIndex device,
   return it->second;
 }
 
+DeviceIndex ResidencyBudget::device_of(ShareId share) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = shares_.find(share);
+  TORCH_UVM_CHECK_ARG(it != shares_.end(), "residency share ", share, " is not open");
+  return it->second.device;
+}
+
 std::size_t ResidencyBudget::held(const Share& s) {
   return s.stats.resident_bytes + s.stats.leaving_bytes;
 }

@@ -85,6 +85,8 @@ class ResidencyBudget {
                      std::size_t ceiling);
   // Its ranges leave the books (the caller let go of their memory).
   void close_share(ShareId share);
+  // The GPU an open share is on (InvalidArgument if it is not open).
+  DeviceIndex device_of(ShareId share) const;
   std::vector<ShareInfo> shares(DeviceIndex device) const;
 
   // `bytes` at `address` are about to be brought to `device` within `share`

@@ -101,6 +101,10 @@ UnitSchedule::Begin UnitSchedule::begins(int unit, bool backward, bool grad_enab
     b.arrival = Arrival::kAgain;
     return b;
   }
+  // (refused before anything changes: nothing held is left behind)
+  TORCH_UVM_CHECK_ARG(!u.home_busy || u.staged || (in_place_ && !u.resident),
+                      "torch_uvm: internal error: unit ", unit,
+                      " was brought while a host step writes its homes; please report it");
   u.running = true;
   u.running_backward = backward;
   if (planned_) let_go_of_passed(unit, backward, b.let_go);
@@ -112,8 +116,6 @@ UnitSchedule::Begin UnitSchedule::begins(int unit, bool backward, bool grad_enab
     u.held = true;
     b.arrival = Arrival::kStaged;
   } else {
-    TORCH_UVM_CHECK_ARG(!u.home_busy, "torch_uvm: internal error: unit ", unit,
-                        " was brought while a host step writes its homes; please report it");
     b.arrival = Arrival::kOnDemand;
   }
   return b;

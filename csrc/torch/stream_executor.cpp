@@ -27,13 +27,15 @@ StreamExecutor::StreamExecutor(ResidencyBudget& budget, ShareId share, c10::Devi
       schedule_(budget, share, ahead, in_place, training),
       bring_stream_(c10::cuda::getStreamFromPool(false, device.index())),
       home_stream_(c10::cuda::getStreamFromPool(false, device.index())),
-      homes_(allocator().runtime(), budget, share, device.index(),
+      homes_(allocator().runtime(), budget, share,
              [](std::size_t bytes) {
                return std::make_shared<TraceScope>("wait_for_home", "", bytes);
              }),
       compute_done_(allocator().runtime()),
       step_inputs_(allocator().runtime()) {
   TORCH_CHECK(device.is_cuda() && device.has_index(), "torch_uvm: streaming needs a GPU");
+  TORCH_CHECK(budget.device_of(share) == device.index(), "torch_uvm: internal error: residency "
+              "share ", share, " is not on ", device, "; please report it");
 }
 
 // Dropped with tensors on the GPU (an offload collected without undo): the

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "core/errors.h"
 #include "core/home_copies.h"
 #include "runtime/host_runtime.h"
 
@@ -23,7 +24,7 @@ struct Copies {
   explicit Copies(std::size_t budget_bytes)
       : share(open(budget, budget_bytes)),
         stream(rt.create_stream(0)),
-        copies(rt, budget, 0, share, [this](std::size_t bytes) {
+        copies(rt, budget, share, [this](std::size_t bytes) {
           waits.push_back(bytes);
           return std::shared_ptr<void>();
         }) {
@@ -53,6 +54,25 @@ TEST(HomeCopies, CopiesCountAsLeavingUntilTheyPass) {
   EXPECT_EQ(c.copies.bytes_under_way(), 0u);
   EXPECT_EQ(c.copies.beside_under_way(), 0u);
   EXPECT_TRUE(c.waits.empty());
+}
+
+// The copies count against their own share, on the share's own GPU: a
+// share's id and a GPU's index are both integers, and an executor that gave
+// them crossed had its copies counted against no share at all (its books
+// then saw no copy under way, and nothing waited for one).
+TEST(HomeCopies, CopiesCountOnTheSharesOwnGpu) {
+  HostRuntime rt(2);
+  ResidencyBudget budget;
+  budget.set_limit(1, 64 * kMiB);
+  const ShareId share = budget.open_share(1, 8 * kMiB, "test", 64 * kMiB);
+  HomeCopies copies(rt, budget, share);
+  rt.set_auto_complete_events(false);
+  copies.queued(2 * kMiB, 0, rt.create_stream(1));
+  EXPECT_EQ(budget.share_stats(share).leaving_bytes, 2 * kMiB);
+  EXPECT_EQ(budget.stats(1).leaving_bytes, 2 * kMiB);
+  EXPECT_EQ(budget.stats(0).leaving_bytes, 0u);
+  EXPECT_THROW(HomeCopies(rt, budget, share + 1), InvalidArgument);  // not open
+  EXPECT_THROW(HomeCopies(rt, budget, kDeviceShare), InvalidArgument);
 }
 
 TEST(HomeCopies, MakeRoomWaitsForTheOldestWhileTheyHoldTheShareOverItsBudget) {

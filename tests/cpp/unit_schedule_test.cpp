@@ -213,6 +213,10 @@ TEST(UnitSchedule, ABusyHomeStopsTheBringAheadAndIsRefusedOnDemand) {
   EXPECT_EQ(g.ahead_units(), (std::vector<int>{1}));  // stops at 2: 3 comes after it
   g.after(0);
   EXPECT_THROW(g.s->begins(2, false, true), InvalidArgument);
+  // refused before anything changed: unit 1, brought ahead, still held as such
+  EXPECT_FALSE(g.s->running(2));
+  EXPECT_STREQ(g.s->holds(1), "brought ahead");
+  g.s->check();
   g.s->set_home_busy(2, false);
   g.end_pass();
 }
