@@ -156,3 +156,18 @@ def test_every_results_json_records_the_machine_that_measured_it():
         if lacks:
             missing.append(f"{os.path.relpath(path, ROOT)} lacks {lacks}")
     assert not missing, missing
+
+
+def test_the_readme_reads_in_five_minutes():
+    """At most 1,000 words (five minutes at 200 a minute), no table cell
+    past 25 words, and its first lines are the two commands: the demo and
+    every test."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    assert len(text.split()) <= 1000, f"README.md has {len(text.split())} words"
+    cells = [c.strip() for line in text.splitlines()
+             if line.startswith("|") and not line.startswith("|---")
+             for c in line.strip().strip("|").split(" | ")]
+    long = [c[:60] for c in cells if len(c.split()) > 25]
+    assert not long, f"README cells over 25 words: {long}"
+    first = [line for line in text.splitlines()[1:6] if line.startswith("- **")]
+    assert "bash scripts/demo.sh" in first[0] and "bash scripts/test.sh" in first[1], first
