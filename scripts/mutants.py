@@ -231,11 +231,20 @@ MUTANTS = [
     # weights read from safetensors straight into their homes (issue 35, point 5)
     ("a checkpoint is read whole into host memory before its homes", "torch_uvm/offload.py",
      "                        seen = _C.empty_pinned_home(t.detach(), device)\n"
-     "                        reader.submit(found[id(t)], _C.fresh_home_on_cpu(seen))\n",
+     "                        reader.submit(found[id(t)], _C.fresh_home_on_cpu(seen), shown.update)\n",
      "                        whole = reader.__dict__.setdefault('whole', __import__("
      "'safetensors.torch').torch.load_file(found[id(t)].path))\n"
      "                        seen = _home_for(whole[found[id(t)].name], device)\n",
      [CHECKPOINT + "test_the_host_holds_the_weights_once_while_their_homes_fill"]),
+    ("an offload's progress is shown whatever it was told", "torch_uvm/progress.py",
+     "    if progress is not None:\n        return progress\n", "",
+     ["tests/python/test_progress.py::test_it_shows_from_a_gib_unless_told_or_quiet",
+      "tests/python/test_gpu_offload.py::"
+      "test_an_offload_shows_its_progress_when_asked_and_only_then"]),
+    ("TORCH_UVM_QUIET does not silence the progress", "torch_uvm/progress.py",
+     "    return total >= SHOW_FROM and not _C.offload_environment()[\"quiet\"]",
+     "    return total >= SHOW_FROM",
+     ["tests/python/test_progress.py::test_it_shows_from_a_gib_unless_told_or_quiet"]),
     ("undo puts a meta tensor back without its values", "torch_uvm/offload.py",
      "            if original.is_meta and id(original) in values:",
      "            if False:",

@@ -217,11 +217,18 @@ class Reader:
         self._files: dict = {}
         self._pending: list = []
 
-    def submit(self, entry: Entry, out: torch.Tensor) -> None:
+    def submit(self, entry: Entry, out: torch.Tensor, done=None) -> None:
+        """`done(nbytes)`, if given, is called on the reading thread once the
+        read succeeded (a progress bar's count)."""
         f = self._files.get(entry.path)
         if f is None:
             f = self._files[entry.path] = open(entry.path, "rb", buffering=0)
-        self._pending.append(self._pool.submit(_read, entry, out, f))
+        read = self._pool.submit(_read, entry, out, f)
+        if done is not None:
+            nbytes = out.numel() * out.element_size()
+            read.add_done_callback(
+                lambda r: done(nbytes) if not r.cancelled() and r.exception() is None else None)
+        self._pending.append(read)
 
     def close(self, failed: bool = False) -> None:
         """Waits for every read. `failed`: the caller is raising already;

@@ -20,7 +20,7 @@ from typing import Dict, List, Tuple, Union
 
 import torch
 
-from . import _C, clipping, offload_training
+from . import _C, clipping, offload_training, progress as _progress
 from . import host_step as host_step_module
 from . import checkpoint as _checkpoint
 from .offload_state import OffloadState, window_bytes, window_units
@@ -564,7 +564,8 @@ RELEASE_EVERY = 1 << 30
 
 
 def _make_replacements(plan, held: set, shared: Dict[int, torch.Tensor],
-                       device: torch.device, found: Dict[int, "_checkpoint.Entry"]) -> None:
+                       device: torch.device, found: Dict[int, "_checkpoint.Entry"],
+                       shown: "_progress.Progress") -> None:
     """Phase 1 of offload: each tensor's replacement in `shared`, over a new
     home, its value the tensor's own or, where `found` has an entry for it,
     the checkpoint's (read straight into the home, on reader threads); a CPU
@@ -584,9 +585,10 @@ def _make_replacements(plan, held: set, shared: Dict[int, torch.Tensor],
                             if t.is_meta else t.detach().to(device)
                     elif id(t) in found:
                         seen = _C.empty_pinned_home(t.detach(), device)
-                        reader.submit(found[id(t)], _C.fresh_home_on_cpu(seen))
+                        reader.submit(found[id(t)], _C.fresh_home_on_cpu(seen), shown.update)
                     else:
                         seen = _home_for(t, device)
+                        shown.update(t.numel() * t.element_size())
                     # (one the checkpoint gives a value keeps its own until
                     # phase 2: a failure here must leave the module unchanged)
                     if t.numel() > 0 and t.device.type == "cpu" and id(t) not in held \
@@ -713,7 +715,8 @@ def _home_for(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def offload(module: torch.nn.Module, budget: Union[int, str, None] = None, device=None,
-            ahead: int = 1, mode: str = "auto", checkpoint=None, units=None) -> Offloaded:
+            ahead: int = 1, mode: str = "auto", checkpoint=None, units=None,
+            progress=None) -> Offloaded:
     """Run `module` on `device` with at most `budget` bytes of its weights
     in GPU memory (an int, or a size such as ``"20GiB"``: sizes.py; default:
     the device's residency limit).
@@ -765,6 +768,9 @@ def offload(module: torch.nn.Module, budget: Union[int, str, None] = None, devic
     layer's adapters with its base weight; a decoder layer). The unit's
     forward must call its members. The least budget grows with the
     largest unit.
+    `progress`: pinning the homes and reading a checkpoint show a progress
+    bar on stderr when they move 1 GiB or more (None, the default; hidden
+    by TORCH_UVM_QUIET=1), always (True) or never (False): progress.py.
     Returns a handle whose ``undo()`` puts the module back."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"offload expects a torch.nn.Module, got {type(module).__name__}")
@@ -776,6 +782,7 @@ def offload(module: torch.nn.Module, budget: Union[int, str, None] = None, devic
         raise ValueError(f"ahead must be a positive int, got {ahead!r}")
     if mode not in MODES:
         raise ValueError(f"torch_uvm: offload mode must be one of {MODES}, got {mode!r}")
+    _progress.check(progress)
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("torch_uvm: cannot offload a module during a CUDA graph capture")
     device = cuda_device(device)
@@ -801,6 +808,8 @@ def offload(module: torch.nn.Module, budget: Union[int, str, None] = None, devic
         raise ValueError("torch_uvm: the module has no parameters or buffers to offload")
     roots = unit_roots(module, units)
     tensors = {id(t): t for _, _, own, _ in plan for _, t, _ in own}   # tied ones once
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    show = _progress.shown(progress, total)     # (a bad TORCH_UVM_QUIET refused here)
     # (a checkpoint's match refuses meta tensors it lacks, by name)
     found = {} if checkpoint is None else _checkpoint.match(
         _checkpoint.read_checkpoint(checkpoint), _checkpoint.names_by_tensor(module), tensors)
@@ -829,8 +838,11 @@ def offload(module: torch.nn.Module, budget: Union[int, str, None] = None, devic
     # was. A tensor on the CPU reads its value in its new home from then
     # on, and its own memory goes: the host never holds the weights twice.
     shared: Dict[int, torch.Tensor] = {}     # id(tensor) -> its replacement: tied stay tied
+    what = "torch_uvm: reading the checkpoint into pinned homes" if found else \
+        "torch_uvm: pinning homes"
     try:
-        _make_replacements(plan, held, shared, device, found)
+        with _progress.Progress(total, what, show) as shown:
+            _make_replacements(plan, held, shared, device, found, shown)
     except BaseException:
         end_lease(lease)
         raise

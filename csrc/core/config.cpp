@@ -191,6 +191,11 @@ const std::vector<Variable>& variables() {
                              "a number from 0 (one submodule's at a time) to 1; got '", v, "'");
          e.host_step_copies = share;
        }},
+      {"TORCH_UVM_QUIET", "0",
+       "1 hides the progress shown while an offload pins its homes and reads a checkpoint",
+       [](OffloadEnvironment& e, const std::string& v) {
+         e.quiet = parse_bool(v, "TORCH_UVM_QUIET");
+       }},
   };
   return table;
 }

@@ -71,6 +71,9 @@ struct OffloadEnvironment {
   // TORCH_UVM_HOST_STEP_COPIES: the share of the budget that gradients
   // copying home in backward may take before it waits, 0 to 1; < 0: unset.
   double host_step_copies = -1;
+  // TORCH_UVM_QUIET: no progress shown on an offload's long waits
+  // (pinning its homes, reading a checkpoint: torch_uvm/progress.py).
+  bool quiet = false;
 };
 
 // Sets `variable`'s field of `env` from `value` (empty: unset). Throws

@@ -120,6 +120,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     py::dict d;
     d["host_step_threads"] = e.host_step_threads;
     d["host_step_copies"] = e.host_step_copies;
+    d["quiet"] = e.quiet;
     return d;
   });
   m.def("describe_offload_variables", &describe_offload_variables);

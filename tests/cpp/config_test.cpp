@@ -135,8 +135,13 @@ TEST(Config, OffloadVariablesAreParsedOrNamedWhenBad) {
                  InvalidArgument) << bad;
   }
   EXPECT_EQ(env.host_step_threads, 3);  // refused values change nothing
+  EXPECT_FALSE(env.quiet);
+  parse_offload_variable("TORCH_UVM_QUIET", "yes", env);
+  EXPECT_TRUE(env.quiet);
+  EXPECT_THROW(parse_offload_variable("TORCH_UVM_QUIET", "quietly", env), InvalidArgument);
+  EXPECT_TRUE(env.quiet);
   EXPECT_THROW(parse_offload_variable("TORCH_UVM_NOTHING", "1", env), InvalidArgument);
-  EXPECT_EQ(describe_offload_variables().size(), 2u);
+  EXPECT_EQ(describe_offload_variables().size(), 3u);
 }
 
 }  // namespace

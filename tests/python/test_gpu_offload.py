@@ -1367,3 +1367,26 @@ def test_autocast_keeps_no_copy_of_the_offloaded_weights_past_their_use():
     assert resident >= 16 * MiB            # the cache, as PyTorch keeps it without an offload
     assert brought > 0                     # some weights streamed
     assert offloaded < 2 * MiB, offloaded  # not one weight's cast left
+
+
+def test_an_offload_shows_its_progress_when_asked_and_only_then(uvm, capfd, monkeypatch):
+    """Pinning the homes shows a progress line on stderr when asked for
+    (progress=True), none for a small model by default, and none when
+    TORCH_UVM_QUIET=1 silences the default; the outputs stay the model's."""
+    monkeypatch.delenv("TORCH_UVM_QUIET", raising=False)
+    x = torch.randn(4, 256, device="cuda")
+    for progress, quiet, shows in ((True, None, True), (None, None, False), (None, "1", False)):
+        if quiet:
+            monkeypatch.setenv("TORCH_UVM_QUIET", quiet)
+        model = make_model(layers=4, width=256)
+        with torch.no_grad():
+            want = copy.deepcopy(model).cuda()(x)
+        capfd.readouterr()
+        handle = uvm.offload(model, budget=1 << 20, progress=progress)
+        err = capfd.readouterr().err
+        assert ("torch_uvm: pinning homes:" in err) == shows, err
+        with torch.no_grad():
+            assert torch.equal(model(x), want)
+        handle.undo()
+    with pytest.raises(ValueError, match="progress is True"):
+        uvm.offload(make_model(layers=2, width=64), budget=1 << 20, progress="yes")
