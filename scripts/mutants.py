@@ -236,6 +236,13 @@ MUTANTS = [
      "'safetensors.torch').torch.load_file(found[id(t)].path))\n"
      "                        seen = _home_for(whole[found[id(t)].name], device)\n",
      [CHECKPOINT + "test_the_host_holds_the_weights_once_while_their_homes_fill"]),
+    ("a fraction is taken as bytes", "torch_uvm/sizes.py",
+     "        value = int(value * (whole() if callable(whole) else whole))",
+     "        value = int(value)",
+     ["tests/python/test_sizes.py::"
+      "test_a_fraction_is_of_the_whole_the_caller_names_and_bad_ones_are_named",
+      "tests/python/test_gpu_offload.py::"
+      "test_a_budget_given_as_a_fraction_is_of_the_gpus_residency_limit"]),
     ("an offload's progress is shown whatever it was told", "torch_uvm/progress.py",
      "    if progress is not None:\n        return progress\n", "",
      ["tests/python/test_progress.py::test_it_shows_from_a_gib_unless_told_or_quiet",

@@ -249,15 +249,10 @@ def set_memory_cap(cap: Union[int, float, str], allow_oversubscription: bool = F
     the GPU for every process on it. A cap below the memory live tensors use
     raises ValueError.
     """
-    cap = sizes.parse_bytes(cap, "the cap")
-    if isinstance(cap, bool) or not isinstance(cap, (int, float)):
-        raise TypeError(f"cap must be bytes (int) or a fraction (float), got {cap!r}")
-    if isinstance(cap, float):
-        if not 0.0 < cap <= 1.0:
-            raise ValueError(f"a fractional cap must be in (0, 1], got {cap}")
-        cap = int(cap * _C.safe_cap_limit())
-    if cap <= 0:
-        raise ValueError(f"the cap must be positive, got {cap}")
+    if cap is None:
+        raise TypeError("torch_uvm: the cap must be bytes (an int, or a size such as '20GiB') "
+                        "or a fraction (a float in (0, 1]), got None")
+    cap = sizes.bytes_or_fraction(cap, "cap", _C.safe_cap_limit)
     _C.set_memory_cap(cap, bool(allow_oversubscription))
 
 

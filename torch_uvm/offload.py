@@ -28,7 +28,7 @@ from .offload_units import Unit, direct_tensors as _direct_tensors, make_units, 
     unit_roots
 from .residency import cuda_device, end_lease, open_lease, span_bytes, get_residency_limit
 from .host_memory import host_room
-from .sizes import parse_bytes
+from .sizes import bytes_or_fraction
 
 
 MODES = ("auto", "in_place", "prefetch")
@@ -718,8 +718,9 @@ def offload(module: torch.nn.Module, budget: Union[int, str, None] = None, devic
             ahead: int = 1, mode: str = "auto", checkpoint=None, units=None,
             progress=None) -> Offloaded:
     """Run `module` on `device` with at most `budget` bytes of its weights
-    in GPU memory (an int, or a size such as ``"20GiB"``: sizes.py; default:
-    the device's residency limit).
+    in GPU memory (an int, or a size such as ``"20GiB"``: sizes.py; a float
+    in (0, 1]: that fraction of the device's residency limit, or of the
+    managed memory cap without one; default: the device's residency limit).
 
     The budget is this module's own share of the GPU: several offloaded
     modules each stream within theirs, and their budgets add up to at most
@@ -792,14 +793,14 @@ def offload(module: torch.nn.Module, budget: Union[int, str, None] = None, devic
         raise ValueError(f"torch_uvm: the module's tensors are on {sorted(map(str, devices))}; "
                          f"offload needs them on the CPU or on {device} alone. Move the module "
                          f"to one device first")
-    budget = parse_bytes(budget, "the budget")
+    # (a fraction: of the GPU's residency limit, or of the managed memory cap)
+    budget = bytes_or_fraction(budget, "budget",
+                               lambda: get_residency_limit(device) or _C.memory_cap())
     if budget is None:
         budget = get_residency_limit(device)
         if budget is None:
             raise ValueError("torch_uvm: offload needs a budget: pass budget= (bytes) or set "
                              "torch_uvm.set_residency_limit for the device")
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
-        raise ValueError(f"the budget must be a positive number of bytes, got {budget!r}")
     if budget > _C.memory_cap():
         raise ValueError(f"a budget of {budget} bytes is above the managed memory cap "
                          f"({_C.memory_cap()} bytes)")

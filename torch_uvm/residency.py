@@ -28,7 +28,7 @@ import torch
 
 from . import _C
 from .profile import torch_profiler_recording
-from .sizes import parse_bytes
+from .sizes import bytes_or_fraction, parse_bytes
 
 _BUDGET = _C.residency_budget()
 _LOCK = threading.RLock()
@@ -130,19 +130,10 @@ def set_residency_limit(limit: Union[int, float, str, None], device=None) -> Non
     :func:`prefetching` and :func:`bring` get what is left: before more
     would arrive, the least recently used leave. A limit below the offloads'
     budgets is refused, naming them: undo one first."""
-    limit = parse_bytes(limit, "the residency limit")
+    limit = bytes_or_fraction(limit, "residency limit", _C.memory_cap)
     device = cuda_device(device)
     if limit is not None:
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)):
-            raise TypeError(f"the residency limit must be bytes (int), a fraction (float) or "
-                            f"None, got {limit!r}")
         cap = _C.memory_cap()
-        if isinstance(limit, float):
-            if not 0.0 < limit <= 1.0:
-                raise ValueError(f"a fractional residency limit must be in (0, 1], got {limit}")
-            limit = int(limit * cap)
-        if limit <= 0:
-            raise ValueError(f"the residency limit must be positive, got {limit}")
         if limit > cap:
             raise ValueError(f"a residency limit of {limit} bytes is above the managed memory "
                              f"cap ({cap} bytes): raise the cap first (set_memory_cap) or "

@@ -3,7 +3,10 @@ budget, the cap, the residency limit, the release threshold, the
 activations' sizes) takes an int of bytes or a string with a unit:
 ``"20GiB"``, ``"512MB"``, ``"1.5 GiB"``. GiB, MiB and KiB are powers of
 1024; GB, MB and kB powers of 1000, as accelerate's ``max_memory`` and the
-SI write them. A float keeps the meaning each call gives it (a fraction)."""
+SI write them. A float in (0, 1] is a fraction of a whole each call names
+(bytes_or_fraction): the cap's of the free device memory seen at start, the
+residency limit's of the cap, a budget's of the GPU's residency limit (of
+the cap without one)."""
 from __future__ import annotations
 
 import re
@@ -30,3 +33,25 @@ def parse_bytes(value, what: str):
     number, unit = found.groups()
     return int(Decimal(number) * UNITS[unit.lower()])   # (exact: "4.1GB" is 4100000000)
 
+
+
+def bytes_or_fraction(value, what: str, whole):
+    """`value` in bytes where a float in (0, 1] is that fraction of `whole`
+    (bytes, or a function giving them, asked only for a fraction: each
+    caller says which whole), an int or a size string as parse_bytes takes
+    it, None as it is. Raises TypeError for a value of no such kind and
+    ValueError for a fraction outside (0, 1] or bytes not positive, each
+    naming `what` ("cap", "residency limit", "budget")."""
+    value = parse_bytes(value, f"the {what}")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"torch_uvm: the {what} must be bytes (an int, or a size such as "
+                        f"'20GiB') or a fraction (a float in (0, 1]), got {value!r}")
+    if isinstance(value, float):
+        if not 0.0 < value <= 1.0:
+            raise ValueError(f"torch_uvm: a fractional {what} must be in (0, 1], got {value}")
+        value = int(value * (whole() if callable(whole) else whole))
+    if value <= 0:
+        raise ValueError(f"torch_uvm: the {what} must be positive, got {value}")
+    return value

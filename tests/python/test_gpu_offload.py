@@ -1390,3 +1390,21 @@ def test_an_offload_shows_its_progress_when_asked_and_only_then(uvm, capfd, monk
         handle.undo()
     with pytest.raises(ValueError, match="progress is True"):
         uvm.offload(make_model(layers=2, width=64), budget=1 << 20, progress="yes")
+
+
+def test_a_budget_given_as_a_fraction_is_of_the_gpus_residency_limit(uvm, budget):
+    """budget=0.5 under a 64 MiB residency limit streams within 32 MiB, its
+    output the all-resident one's; a fraction outside (0, 1] changes nothing."""
+    model = make_model(layers=4, width=1024)                # 4 x 4 MiB
+    x = torch.randn(8, 1024, device="cuda")
+    with torch.no_grad():
+        want = copy.deepcopy(model).cuda()(x)
+    with pytest.raises(ValueError, match=r"fractional budget must be in \(0, 1\]"):
+        uvm.offload(model, budget=1.5)
+    assert not any(p.is_cuda for p in model.parameters())
+    handle = uvm.offload(model, budget=0.5)
+    assert handle.budget == budget // 2
+    with torch.no_grad():
+        assert torch.equal(model(x), want)
+    assert handle.residency_stats()["resident_bytes.peak"] <= budget // 2
+    handle.undo()

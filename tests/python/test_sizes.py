@@ -34,3 +34,27 @@ def test_offload_activations_takes_sizes():
     assert (saver.min_bytes, saver.window, saver.budget) == (MiB, 512 * MiB, 2 * GiB)
     with pytest.raises(ValueError, match="offload_activations' window must be bytes"):
         offload_activations(window="a lot")
+
+
+def test_a_fraction_is_of_the_whole_the_caller_names_and_bad_ones_are_named():
+    """One owner for "bytes, or a fraction of a whole" (the cap, the
+    residency limit, the budget): the whole is asked for only for a fraction."""
+    from torch_uvm.sizes import bytes_or_fraction
+    asked = []
+
+    def whole():
+        asked.append(1)
+        return 8 * GiB
+    assert bytes_or_fraction("2GiB", "budget", whole) == 2 * GiB and not asked
+    assert bytes_or_fraction(None, "budget", whole) is None and not asked
+    assert bytes_or_fraction(0.25, "budget", whole) == 2 * GiB and asked
+    assert bytes_or_fraction(1.0, "budget", 1000) == 1000
+    for bad, error, match in [(1.5, ValueError, r"fractional budget must be in \(0, 1\]"),
+                              (0.0, ValueError, r"fractional budget"),
+                              (0, ValueError, "the budget must be positive"),
+                              (-5, ValueError, "the budget must be positive"),
+                              ([1], TypeError, r"the budget must be bytes .* or a fraction"),
+                              (True, TypeError, "the budget must be bytes"),
+                              ("20G", ValueError, "the budget must be bytes: an int")]:
+        with pytest.raises(error, match=match):
+            bytes_or_fraction(bad, "budget", whole)
