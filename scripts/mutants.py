@@ -709,9 +709,10 @@ MUTANTS = [
     # Sizes as people write them (issue 55, point 2).
     ("a GiB is read as a GB", "torch_uvm/sizes.py", '"gib": 2**30', '"gib": 10**9',
      ["tests/python/test_sizes.py::test_a_size_with_its_unit_is_its_bytes"]),
-    ("the cap takes no size string", "torch_uvm/__init__.py",
-     '    cap = sizes.parse_bytes(cap, "the cap")\n', "",
-     ["tests/python/test_api.py::test_bad_input_is_a_clear_exception"]),
+    ("the cap, the residency limit and the budget take no size string", "torch_uvm/sizes.py",
+     '    value = parse_bytes(value, f"the {what}")\n', "",
+     ["tests/python/test_sizes.py::"
+      "test_a_fraction_is_of_the_whole_the_caller_names_and_bad_ones_are_named"]),
     ("offload_activations takes no size string", "torch_uvm/activations.py",
      '            parse_bytes(v, f"offload_activations\' {name}")', "            v",
      ["tests/python/test_sizes.py::test_offload_activations_takes_sizes"]),
