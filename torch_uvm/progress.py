@@ -57,10 +57,12 @@ class Progress:
             if self._bar is not None:
                 self._bar.update(nbytes)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Ends the display: one line saying what was done, unless `failed`."""
         if self._bar is not None:
             self._bar.close()
-        if self._show:
+            self._bar = None
+        if self._show and not failed:
             seconds = time.perf_counter() - self._start
             print(f"{self.what}: {self.done / 2**30:.2f} GiB in {seconds:.1f} s",
                   file=self._stream, flush=True)
@@ -69,5 +71,5 @@ class Progress:
     def __enter__(self) -> "Progress":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, kind, *_) -> None:
+        self.close(failed=kind is not None)

@@ -68,3 +68,12 @@ def test_a_checkpoints_reads_count_their_bytes_as_they_complete(tmp_path):
     reader.close()
     assert seen.done == seen.total
     assert all(torch.equal(outs[n], tensors[n]) for n in tensors)
+
+
+def test_a_failed_wait_says_nothing_was_done():
+    out = io.StringIO()
+    with pytest.raises(RuntimeError):
+        with progress.Progress(1 << 30, "torch_uvm: pinning homes", True, stream=out) as p:
+            p.update(1 << 20)
+            raise RuntimeError("out of pinned memory")
+    assert "GiB in" not in out.getvalue()
