@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs, in one place: build, GPU tests, benchmarks.
 #   bash scripts/gpu_session.sh [build] [test] [pytest] [bench] [offload] [demo] [stress] [sanitize] [soak] [smoke]
+#                               [differential] [trees]
 #   (default: build test bench)
 # Logs go to $OUT (the device tool's folder) or results/ under the repo, and a
 # short summary is printed last. Never asks for more managed memory than a few
@@ -125,6 +126,19 @@ for stage in $stages; do
       ;;
     demo)
       run demo python3 examples/demo.py
+      ;;
+    differential)  # the random differential test, SEEDS (default 0:300) drawn programs
+      run differential timeout ${DIFF_LIMIT:-150} python3 scripts/differential.py \
+          --seeds ${SEEDS:-0:300} --out "$OUT/diff"
+      ;;
+    trees)  # the tree in build-trees/old (made here by trees.py --make-old REV and
+            # carried: the device copy's git may lag; else OLD_REV made there) against
+            # this one, interleaved: TREES_CASES, TREES_ROUNDS (benchmarks/trees.py)
+      [ -d build-trees/old ] || python3 benchmarks/trees.py --make-old "${OLD_REV:?OLD_REV}" \
+          build-trees/old
+      run old_build bash -c "cd build-trees/old && python3 setup.py build_ext --inplace"
+      run trees timeout ${TREES_LIMIT:-480} python3 benchmarks/trees.py --old build-trees/old \
+          --rounds ${TREES_ROUNDS:-3} --out "$OUT" ${TREES_CASES:+--cases $TREES_CASES}
       ;;
     soak)  # issue 11's soak; 10 minutes is longer than one device call, so
            # start it with setsid and collect $OUT/soak.* in a later call
