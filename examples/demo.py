@@ -52,7 +52,7 @@ def will_it_fit(card: str = "24GiB") -> None:
 
 def build_model():
     torch.manual_seed(0)
-    return torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)])  # 8 x 64 MiB
+    return torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(32)])  # 32 x 16 MiB
 
 
 def process_gpu_memory(baseline_free: int) -> float:
@@ -77,8 +77,8 @@ def offloaded(budget: int = 128 * MiB) -> None:
     model = build_model()                             # on the CPU
     reference = copy.deepcopy(model)                  # the same weights, for all on the GPU
     torch.manual_seed(1)
-    x = torch.randn(64, 4096, device="cuda")
-    batches = [(torch.randn(64, 4096, device="cuda"), torch.randn(64, 4096, device="cuda"))
+    x = torch.randn(64, 2048, device="cuda")
+    batches = [(torch.randn(64, 2048, device="cuda"), torch.randn(64, 2048, device="cuda"))
                for _ in range(3)]
     baseline = torch.cuda.mem_get_info()[0]           # (the CUDA context exists by now)
 
