@@ -91,6 +91,10 @@ void UnitSchedule::plan(const std::vector<int>& order, const std::vector<bool>& 
 UnitSchedule::Begin UnitSchedule::begins(int unit, bool backward, bool grad_enabled) {
   Unit& u = at(unit);
   Begin b;
+  // (refused before anything changes: nothing held is left behind, no route recorded)
+  TORCH_UVM_CHECK_ARG(u.running || !u.home_busy || u.staged || (in_place_ && !u.resident),
+                      "torch_uvm: internal error: unit ", unit,
+                      " was brought while a host step writes its homes; please report it");
   if (!planned_) seen_.push_back(unit);
   if (!backward && training_ && !in_backward_ && grad_enabled) {
     seq_pos_[unit] = static_cast<int>(forward_seq_.size());  // its backward's route
@@ -101,10 +105,6 @@ UnitSchedule::Begin UnitSchedule::begins(int unit, bool backward, bool grad_enab
     b.arrival = Arrival::kAgain;
     return b;
   }
-  // (refused before anything changes: nothing held is left behind)
-  TORCH_UVM_CHECK_ARG(!u.home_busy || u.staged || (in_place_ && !u.resident),
-                      "torch_uvm: internal error: unit ", unit,
-                      " was brought while a host step writes its homes; please report it");
   u.running = true;
   u.running_backward = backward;
   if (planned_) let_go_of_passed(unit, backward, b.let_go);
