@@ -134,7 +134,11 @@ for stage in $stages; do
     trees)  # the tree in build-trees/old (made here by trees.py --make-old REV and
             # carried: the device copy's git may lag; else OLD_REV made there) against
             # this one, interleaved: TREES_CASES, TREES_ROUNDS (benchmarks/trees.py)
-      [ -d build-trees/old ] || python3 benchmarks/trees.py --make-old "${OLD_REV:?OLD_REV}" \
+      if [ ! -d build-trees/old ] && [ -z "${OLD_REV:-}" ]; then
+        summary+=("trees: skipped (carry build-trees/old, made by trees.py --make-old REV, or set OLD_REV)")
+        continue
+      fi
+      [ -d build-trees/old ] || run make_old python3 benchmarks/trees.py --make-old "$OLD_REV" \
           build-trees/old
       run old_build bash -c "cd build-trees/old && python3 setup.py build_ext --inplace"
       run trees timeout ${TREES_LIMIT:-480} python3 benchmarks/trees.py --old build-trees/old \

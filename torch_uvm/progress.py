@@ -26,10 +26,13 @@ def check(progress) -> None:
 
 
 def shown(progress: Optional[bool], total: int) -> bool:
-    """Whether an offload moving `total` bytes shows its progress."""
+    """Whether an offload moving `total` bytes shows its progress. Parses
+    every offload variable, whatever `progress` and `total` are, so a bad
+    one is refused at each offload, before anything changes."""
+    quiet = _C.offload_environment()["quiet"]
     if progress is not None:
         return progress
-    return total >= SHOW_FROM and not _C.offload_environment()["quiet"]
+    return total >= SHOW_FROM and not quiet
 
 
 class Progress:

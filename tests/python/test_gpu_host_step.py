@@ -134,12 +134,13 @@ def test_the_backward_bounds_the_gradients_copying_home_by_a_share_of_the_budget
                                         step_in_backward=True, host_step=1.0)
     # the most one submodule's gradients take (the newest copy may pass the limit alone)
     per_unit = max(sum(p.nbytes for p in m.parameters(recurse=False)) for m in model.modules())
-    seen, real = [], host_step.HostSteps._limit_copies
+    seen, most, real = [], [], host_step.HostSteps._limit_copies
 
     def counted(self, executor, limit):
         real(self, executor, limit)
         under_way = executor.copies_home_under_way()
         seen.append(limit)
+        most.append(under_way)
         assert under_way <= max(limit, per_unit)
     monkeypatch.setattr(host_step.HostSteps, "_limit_copies", counted)
     monkeypatch.setenv(host_step.COPIES_VARIABLE, "1")   # read once, by stream_optimizer
@@ -148,6 +149,7 @@ def test_the_backward_bounds_the_gradients_copying_home_by_a_share_of_the_budget
     # (the units are alike; a step learns the plan first: at least one backward's)
     assert len(seen) >= len(on_host) > 0
     assert set(seen) == {int(share * 24 * MiB)}
+    assert max(most) > 0            # the copies home were on the books when it looked
 
 
 @in_backward

@@ -1371,13 +1371,18 @@ def test_autocast_keeps_no_copy_of_the_offloaded_weights_past_their_use():
 
 def test_an_offload_shows_its_progress_when_asked_and_only_then(uvm, capfd, monkeypatch):
     """Pinning the homes shows a progress line on stderr when asked for
-    (progress=True), none for a small model by default, and none when
-    TORCH_UVM_QUIET=1 silences the default; the outputs stay the model's."""
+    (progress=True) or by default from SHOW_FROM bytes (lowered here), none
+    when TORCH_UVM_QUIET=1 silences the default or progress=False; the
+    outputs stay the model's."""
     monkeypatch.delenv("TORCH_UVM_QUIET", raising=False)
     x = torch.randn(4, 256, device="cuda")
-    for progress, quiet, shows in ((True, None, True), (None, None, False), (None, "1", False)):
+    monkeypatch.setattr(uvm.progress, "SHOW_FROM", 1)      # this small model counts as large
+    for progress, quiet, shows in ((None, None, True), (None, "1", False), (True, "1", True),
+                                   (False, None, False)):
         if quiet:
             monkeypatch.setenv("TORCH_UVM_QUIET", quiet)
+        else:
+            monkeypatch.delenv("TORCH_UVM_QUIET", raising=False)
         model = make_model(layers=4, width=256)
         with torch.no_grad():
             want = copy.deepcopy(model).cuda()(x)
@@ -1395,7 +1400,7 @@ def test_an_offload_shows_its_progress_when_asked_and_only_then(uvm, capfd, monk
 def test_a_budget_given_as_a_fraction_is_of_the_gpus_residency_limit(uvm, budget):
     """budget=0.5 under a 64 MiB residency limit streams within 32 MiB, its
     output the all-resident one's; a fraction outside (0, 1] changes nothing."""
-    model = make_model(layers=4, width=1024)                # 4 x 4 MiB
+    model = make_model(layers=16, width=1024)               # 16 x 4 MiB: streams in 32 MiB
     x = torch.randn(8, 1024, device="cuda")
     with torch.no_grad():
         want = copy.deepcopy(model).cuda()(x)
@@ -1406,5 +1411,7 @@ def test_a_budget_given_as_a_fraction_is_of_the_gpus_residency_limit(uvm, budget
     assert handle.budget == budget // 2
     with torch.no_grad():
         assert torch.equal(model(x), want)
-    assert handle.residency_stats()["resident_bytes.peak"] <= budget // 2
+    stats = handle.residency_stats()
+    assert 0 < stats["resident_bytes.peak"] <= budget // 2
+    assert stats["evictions.drop"] > 0, stats               # it streamed
     handle.undo()
