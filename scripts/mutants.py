@@ -249,9 +249,16 @@ MUTANTS = [
       "tests/python/test_gpu_offload.py::"
       "test_an_offload_shows_its_progress_when_asked_and_only_then"]),
     ("TORCH_UVM_QUIET does not silence the progress", "torch_uvm/progress.py",
-     "    return total >= SHOW_FROM and not _C.offload_environment()[\"quiet\"]",
+     "    return total >= SHOW_FROM and not quiet",
      "    return total >= SHOW_FROM",
      ["tests/python/test_progress.py::test_it_shows_from_a_gib_unless_told_or_quiet"]),
+    ("an offload parses its variables only when it may show its progress",
+     "torch_uvm/progress.py",
+     "    quiet = _C.offload_environment()[\"quiet\"]\n    if progress is not None:\n"
+     "        return progress\n",
+     "    if progress is not None:\n        return progress\n"
+     "    quiet = _C.offload_environment()[\"quiet\"] if total >= SHOW_FROM else False\n",
+     ["tests/python/test_progress.py::test_a_bad_offload_variable_is_refused_whatever_the_size_or_the_ask"]),
     ("undo puts a meta tensor back without its values", "torch_uvm/offload.py",
      "            if original.is_meta and id(original) in values:",
      "            if False:",

@@ -1411,7 +1411,7 @@ def test_a_budget_given_as_a_fraction_is_of_the_gpus_residency_limit(uvm, budget
     assert handle.budget == budget // 2
     with torch.no_grad():
         assert torch.equal(model(x), want)
-    stats = handle.residency_stats()
-    assert 0 < stats["resident_bytes.peak"] <= budget // 2
-    assert stats["evictions.drop"] > 0, stats               # it streamed
+    # (the weights take 64 MiB, so within 32 MiB some streamed)
+    assert sum(p.nbytes for p in model.parameters()) > budget // 2
+    assert 0 < handle.residency_stats()["resident_bytes.peak"] <= budget // 2
     handle.undo()

@@ -17,9 +17,17 @@ def test_it_shows_from_a_gib_unless_told_or_quiet(monkeypatch):
     monkeypatch.setenv("TORCH_UVM_QUIET", "1")
     assert not progress.shown(None, 1 << 40)
     assert progress.shown(True, 1)          # asked for: shown, quiet or not
-    monkeypatch.setenv("TORCH_UVM_QUIET", "loudly")
-    with pytest.raises(ValueError, match="TORCH_UVM_QUIET"):
-        progress.shown(None, 1 << 40)
+
+
+@pytest.mark.parametrize("variable", ["TORCH_UVM_QUIET", "TORCH_UVM_HOST_STEP_THREADS"])
+@pytest.mark.parametrize("asked, total", [(None, 1 << 40), (None, 1), (True, 1), (False, 1)])
+def test_a_bad_offload_variable_is_refused_whatever_the_size_or_the_ask(
+        monkeypatch, variable, asked, total):
+    """Each offload parses all its variables (docs/configuration.md), not
+    only those of offloads large enough to show their progress."""
+    monkeypatch.setenv(variable, "loudly")
+    with pytest.raises(ValueError, match=variable):
+        progress.shown(asked, total)
 
 
 @pytest.mark.parametrize("bad", ["yes", 1, 0.5])
