@@ -61,12 +61,23 @@ def make_old(rev: str, out: str) -> None:
 
 
 def figure(result: dict) -> tuple:
-    """(value, higher is better, its name) of a case's RESULT."""
+    """(value, higher is better, its name) of a case's RESULT: for results
+    by batch (offload_lora, offload_llama), the largest batch's."""
+    if result.get("batches"):
+        return figure(max(result["batches"].items(), key=lambda kv: int(kv[0]))[1])
     if result.get("tokens_per_s") is not None:
         return result["tokens_per_s"], True, "tokens/s"
     if result.get("tokens_per_step"):
         return result["tokens_per_step"] / result["s_per_step"], True, "tokens/s"
     return 1.0 / result["s_per_step"], True, "steps/s"
+
+
+def outcome(result: dict):
+    """What both trees must compute alike: a run's losses or tokens (per
+    batch where it reports by batch); None where it reports neither."""
+    if result.get("batches"):
+        return {b: outcome(r) for b, r in result["batches"].items()}
+    return result.get("losses", result.get("tokens"))
 
 
 def run_case(tree: str, case: str, timeout: int):
@@ -93,7 +104,7 @@ def report(cases, runs, rates, old_rev, rounds, out):
             "host_peak_gib": {t: max([x.get("host_peak_bytes") or 0 for x in runs[case][t] if x]
                                      or [0]) / 2**30 for t in trees},
             "losses_equal": all(
-                a is not None and b is not None and a.get("losses") == b.get("losses")
+                a is not None and b is not None and outcome(a) == outcome(b)
                 for a, b in zip(runs[case]["old"], runs[case]["new"])),
         }
     print(f"\nold: torch_uvm/ of {old_rev[:10]}; new: this tree; {rounds} rounds, "

@@ -1,0 +1,25 @@
+"""benchmarks/trees.py reads each benchmark's RESULT the same way, whether
+it reports one figure or one per batch (no GPU needed)."""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+import trees  # noqa: E402
+
+
+def test_a_result_by_batch_is_read_at_its_largest_batch():
+    lora = {"tokens_per_step": {"1": 1024, "4": 4096},
+            "batches": {"1": {"s_per_step": 1.0, "tokens_per_s": 1024.0},
+                        "4": {"s_per_step": 2.0, "tokens_per_s": 2048.0}}}
+    assert trees.figure(lora) == (2048.0, True, "tokens/s")
+    assert trees.figure({"tokens_per_s": 29.5}) == (29.5, True, "tokens/s")
+    assert trees.figure({"tokens_per_step": 2048, "s_per_step": 0.5}) == (4096.0, True, "tokens/s")
+    assert trees.figure({"s_per_step": 0.25}) == (4.0, True, "steps/s")
+
+
+def test_both_trees_are_compared_on_losses_or_tokens_per_batch():
+    run = {"batches": {"1": {"losses": [1.5, 1.25]}, "8": {"tokens": [3, 4]}}}
+    assert trees.outcome(run) == {"1": [1.5, 1.25], "8": [3, 4]}
+    assert trees.outcome({"tokens": [7]}) == [7] and trees.outcome({"losses": [0.5]}) == [0.5]
+    assert trees.outcome(run) != trees.outcome({"batches": {"1": {"losses": [1.5, 1.0]},
+                                                            "8": {"tokens": [3, 4]}}})
