@@ -461,9 +461,12 @@ def measure(scenario, variant):
         extra["host_stepped_bytes"] = sum(u.trainable_bytes for u in handle.host_stepped_units())
         extra["host_step_per_step"] = {k: (host_after[k] - host_before[k]) / (conf["steps"] - 1)
                                        for k in host_after}
-        if handle.host_step:     # what it ran with (the variables a variant or the caller set)
-            extra["host_step_settings"] = {"copies_share": handle.state.host_steps.copies_share,
-                                           "threads": handle.state.host_steps.threads}
+        # what it ran with (the variables a variant or the caller set); an older
+        # tree (trees.py) may keep them elsewhere, and then records none
+        steps = getattr(getattr(handle, "state", None), "host_steps", None)
+        if handle.host_step and steps is not None:
+            extra["host_step_settings"] = {"copies_share": steps.copies_share,
+                                           "threads": steps.threads}
         extra.update({"peak_resident_bytes": after["resident_bytes.peak"],
                  "resident_units": len(resident), "units": len(handle.units),
                  "resident_weight_bytes": sum(u.nbytes for u in resident),
