@@ -20,7 +20,7 @@ from typing import Dict, List, Tuple, Union
 
 import torch
 
-from . import _C, clipping, offload_training, progress as _progress
+from . import _C, clipping, offload_training, progress as _progress, trainers
 from . import host_step as host_step_module
 from . import checkpoint as _checkpoint
 from .offload_state import OffloadState, window_bytes, window_units
@@ -379,6 +379,19 @@ class Offloaded:
         optimizer.step = types.MethodType(
             lambda opt, closure=None, **kwargs: self._step(opt, own, closure, kwargs), optimizer)
         return optimizer
+
+    def streams(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether this offload streams `optimizer` (stream_optimizer)."""
+        return any(o is optimizer for o, _ in self.state.optimizers)
+
+    def stream_trainer(self, trainer, step_in_backward: bool = False, host_step: float = 0.0,
+                       non_blocking: bool = False):
+        """Make a Hugging Face ``Trainer`` (or a subclass) stream the
+        optimizer it makes from its ``TrainingArguments``, as
+        :meth:`stream_optimizer` with these settings would (trainers.py).
+        Offload the model before making the Trainer. Returns `trainer`."""
+        return trainers.stream_trainer(self, trainer, step_in_backward=step_in_backward,
+                                       host_step=host_step, non_blocking=non_blocking)
 
     def _step(self, optimizer, own, closure, kwargs):
         offload_training.check_params(self.state, optimizer,
