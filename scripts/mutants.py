@@ -264,6 +264,11 @@ MUTANTS = [
      "    if trainer.optimizer is not None:       # given to the Trainer",
      "    if False:       # given to the Trainer",
      ["tests/python/test_trainers.py::test_an_optimizer_given_to_the_trainer_is_streamed_at_once"]),
+    ("the LoRA recipe leaves its adapters on the meta device", "examples/recipes/lora_7b.py",
+     "                layer.lora_A[name].to_empty(device=\"cpu\")\n"
+     "                layer.lora_B[name].to_empty(device=\"cpu\")\n",
+     "",
+     ["tests/python/test_recipes.py::test_the_lora_recipe_gives_its_adapters_memory_and_their_first_values"]),
     ("an offload parses its variables only when it may show its progress",
      "torch_uvm/progress.py",
      "    quiet = _C.offload_environment()[\"quiet\"]\n    if progress is not None:\n"

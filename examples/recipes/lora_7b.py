@@ -1,0 +1,86 @@
+"""LoRA fine-tuning of a 7B on a 24 GB card, from a Hugging Face model folder.
+
+torch_uvm.estimate chooses the largest budget that keeps the whole process
+within 24 GiB, before anything is loaded. The base is made on the meta
+device, PEFT adds rank-16 adapters to every projection, and offload reads
+the base's weights from the folder by their base names. No GPU: it prints
+the estimate and says what it would run.
+
+    python examples/recipes/write_llama.py /tmp/llama-7b --shape 7b   # once (random weights)
+    python examples/recipes/lora_7b.py /tmp/llama-7b --batch 4
+"""
+import argparse
+import time
+
+import torch
+from accelerate import init_empty_weights
+from peft import LoraConfig, get_peft_model
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import torch_uvm
+from measure import PeakGpuMemory, report
+
+GPU_MEMORY = 24 << 30
+PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def lora_model(folder: str):
+    """The PEFT model over a base on the meta device; its adapters (PEFT makes
+    them on the base's device, meta too) given memory and their first values."""
+    with init_empty_weights():             # (buffers such as the rotary tables stay real)
+        base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder),
+                                                dtype=torch.bfloat16)
+    base.config.use_cache = False
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules=PROJECTIONS,
+                                            task_type="CAUSAL_LM"))
+    for layer in model.modules():
+        if hasattr(layer, "reset_lora_parameters"):
+            for name in layer.lora_A:
+                layer.lora_A[name].to_empty(device="cpu")
+                layer.lora_B[name].to_empty(device="cpu")
+                layer.reset_lora_parameters(name, True)
+    return model.train()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", help="config.json and safetensors (write_llama.py writes one)")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=4)
+    args = ap.parse_args(argv)
+    gpu = torch.cuda.is_available()
+    plan = torch_uvm.estimate(args.folder, task="lora", gpu_memory=GPU_MEMORY, batch=args.batch,
+                              seq=args.seq, link_gbps="measure" if gpu else None)
+    print(plan.table())
+    if not gpu:
+        print("no GPU here: with one, it would train the adapters within that budget and "
+              "print tokens/s, the time to the first step and the memory it took")
+        return
+    with PeakGpuMemory() as memory:
+        t0 = time.perf_counter()
+        model = lora_model(args.folder)
+        handle = torch_uvm.offload(model, budget=plan.budget, checkpoint=args.folder)
+        optimizer = handle.stream_optimizer(torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True))
+        vocab, times = model.config.vocab_size, []
+        for step in range(args.steps):
+            ids = torch.randint(0, vocab, (args.batch, args.seq), device="cuda")
+            t1 = time.perf_counter()
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            print(f"step {step}: loss {loss.item():.4f}")
+            times.append(time.perf_counter() - (t0 if step == 0 else t1))
+    tokens = args.batch * args.seq
+    print(f"{tokens / min(times[1:] or times):.0f} tokens/s at batch {args.batch} x {args.seq} "
+          f"(budget {plan.budget / 2**30:.1f} GiB); {times[0]:.1f} s from start to the first "
+          f"step's end")
+    report("LoRA", memory.peak, GPU_MEMORY)
+    handle.undo()
+
+
+if __name__ == "__main__":
+    main()
