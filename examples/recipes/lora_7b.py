@@ -18,7 +18,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import torch_uvm
-from measure import PeakGpuMemory, report
+from measure import PeakGpuMemory, print_steps, report, train
 
 GPU_MEMORY = 24 << 30
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -64,20 +64,8 @@ def main(argv=None):
         handle = torch_uvm.offload(model, budget=plan.budget, checkpoint=args.folder)
         optimizer = handle.stream_optimizer(torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True))
-        vocab, times = model.config.vocab_size, []
-        for step in range(args.steps):
-            ids = torch.randint(0, vocab, (args.batch, args.seq), device="cuda")
-            t1 = time.perf_counter()
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            print(f"step {step}: loss {loss.item():.4f}")
-            times.append(time.perf_counter() - (t0 if step == 0 else t1))
-    tokens = args.batch * args.seq
-    print(f"{tokens / min(times[1:] or times):.0f} tokens/s at batch {args.batch} x {args.seq} "
-          f"(budget {plan.budget / 2**30:.1f} GiB); {times[0]:.1f} s from start to the first "
-          f"step's end")
+        times = train(model, optimizer, args.batch, args.seq, args.steps, t0)
+    print_steps(times, args.batch, args.seq, plan.budget)
     report("LoRA", memory.peak, GPU_MEMORY)
     handle.undo()
 

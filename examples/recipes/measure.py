@@ -1,9 +1,11 @@
-"""What the recipes print beside their speed, measured apart from
-torch_uvm's books: the GPU memory in use on the card at its peak
-(``torch.cuda.mem_get_info``, sampled every 5 ms: this process's, and any
-other's on the same card) and this process's peak resident host memory."""
+"""What the recipes share: their training steps, timed, and what they
+print beside their speed, measured apart from torch_uvm's books: the GPU
+memory in use on the card at its peak (``torch.cuda.mem_get_info``,
+sampled every 5 ms: this process's, and any other's on the same card) and
+this process's peak resident host memory."""
 import resource
 import threading
+import time
 
 import torch
 
@@ -40,3 +42,24 @@ def report(what: str, gpu_peak: int, bound: int) -> None:
     print(f"{what}: GPU memory in use at its peak {gpu_peak / GiB:.2f} GiB "
           f"({'within' if gpu_peak <= bound else 'ABOVE'} {bound / GiB:.0f} GiB), "
           f"host peak {host_peak() / GiB:.1f} GiB")
+
+
+def train(model, optimizer, batch: int, seq: int, steps: int, start: float) -> list:
+    """`steps` steps on random tokens; each step's seconds (the first's from
+    `start`: building, offloading and reading the weights included)."""
+    times, vocab = [], model.config.vocab_size
+    for step in range(steps):
+        ids = torch.randint(0, vocab, (batch, seq), device="cuda")
+        t0 = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        print(f"step {step}: loss {loss.item():.4f}", flush=True)
+        times.append(time.perf_counter() - (start if step == 0 else t0))
+    return times
+
+
+def print_steps(times: list, batch: int, seq: int, budget: int) -> None:
+    print(f"{batch * seq / min(times[1:] or times):.0f} tokens/s at batch {batch} x {seq} "
+          f"(budget {budget / GiB:.1f} GiB); {times[0]:.1f} s from start to the first step's end")

@@ -41,7 +41,7 @@ def test_a_written_model_folder_is_read_as_a_downloaded_one(tmp_path, monkeypatc
     assert model(torch.randint(0, 512, (1, 8))).logits.shape == (1, 8, 512)
 
 
-RECIPES = ["generate_7b", "lora_7b"]
+RECIPES = ["generate_7b", "lora_7b", "full_7b"]
 
 
 def run_recipe(name, folder, *args):
