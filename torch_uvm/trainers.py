@@ -47,11 +47,32 @@ def check(handle, trainer, step_in_backward: bool) -> None:
         raise ValueError(f"torch_uvm: the trainer trains {type(model).__name__}, which is not "
                          f"and does not hold the offloaded {type(handle.module).__name__}: "
                          f"offload the model you give the Trainer, before making the Trainer")
-    for setting in ("deepspeed", "fsdp"):
-        if getattr(args, setting, None):
+    for setting in ("deepspeed", "fsdp"):   # (from the arguments or accelerate's launcher)
+        if getattr(args, setting, None) or getattr(trainer, f"is_{setting}_enabled", False):
             raise ValueError(f"torch_uvm: TrainingArguments.{setting} is set: it shards and "
                              f"offloads the model itself. Use it or torch_uvm, not both")
+    if getattr(args, "n_gpu", 1) > 1:
+        raise ValueError(f"torch_uvm: the Trainer sees {args.n_gpu} GPUs and would wrap the "
+                         f"offloaded model in nn.DataParallel. Run one process per GPU "
+                         f"(torchrun), or show it one (CUDA_VISIBLE_DEVICES)")
+    if getattr(trainer, "model_init", None) is not None:
+        raise ValueError("torch_uvm: the Trainer has a model_init: each train() would make "
+                         "a new model, not the offloaded one. Offload the model and give it "
+                         "as Trainer(model=...)")
+    optim = str(getattr(args, "optim", ""))
+    if "layerwise" in optim or "lomo" in optim:
+        raise ValueError(f"torch_uvm: optim={optim!r} steps inside gradient hooks, outside "
+                         f"the optimizer's step, which is what torch_uvm streams. Choose "
+                         f"another optim (adamw_torch_fused, say)")
+    if trainer.optimizer is not None and unwrapped(trainer.optimizer) is not trainer.optimizer:
+        raise ValueError("torch_uvm: the Trainer has trained already and accelerate holds its "
+                         "optimizer's step: call stream_trainer before the first train()")
     if step_in_backward:
+        if getattr(args, "fp16", False):
+            raise ValueError(
+                "torch_uvm: stream_trainer(step_in_backward=True) with fp16=True: each "
+                "submodule would step in backward on gradients the loss scaler has scaled, "
+                "before it checks them. Use bf16=True, or step_in_backward=False")
         if args.max_grad_norm:
             raise ValueError(
                 f"torch_uvm: stream_trainer(step_in_backward=True) with max_grad_norm="
@@ -86,8 +107,9 @@ def stream_trainer(handle, trainer, **stream: object):
         if not handle.streams(inner):       # (each train() calls it; streamed once)
             handle.stream_optimizer(inner, **stream)
         return optimizer
-    if trainer.optimizer is not None:       # given to the Trainer (or made by a train()): now
-        handle.stream_optimizer(unwrapped(trainer.optimizer), **stream)
+    given = trainer.optimizer               # given to the Trainer: streamed now (once)
+    if given is not None and not handle.streams(given):
+        handle.stream_optimizer(given, **stream)
     trainer.create_optimizer = types.MethodType(create_optimizer, trainer)
     setattr(trainer, MARK, handle)
     return trainer

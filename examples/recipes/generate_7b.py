@@ -31,7 +31,7 @@ def main(argv=None):
     gpu = torch.cuda.is_available()
     plan = torch_uvm.estimate(args.folder, task="generate", gpu_memory=GPU_MEMORY,
                               batch=args.batch, seq=args.prompt, new_tokens=args.new_tokens,
-                              link_gbps="measure" if gpu else None)
+                              dtype="bfloat16", link_gbps="measure" if gpu else None)
     print(plan.table())
     if not gpu:
         print("no GPU here: with one, it would offload the model within that budget and "

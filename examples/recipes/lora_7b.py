@@ -52,7 +52,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     gpu = torch.cuda.is_available()
     plan = torch_uvm.estimate(args.folder, task="lora", gpu_memory=GPU_MEMORY, batch=args.batch,
-                              seq=args.seq, link_gbps="measure" if gpu else None)
+                              seq=args.seq, dtype="bfloat16",
+                              link_gbps="measure" if gpu else None)
     print(plan.table())
     if not gpu:
         print("no GPU here: with one, it would train the adapters within that budget and "

@@ -61,5 +61,6 @@ def train(model, optimizer, batch: int, seq: int, steps: int, start: float) -> l
 
 
 def print_steps(times: list, batch: int, seq: int, budget: int) -> None:
-    print(f"{batch * seq / min(times[1:] or times):.0f} tokens/s at batch {batch} x {seq} "
+    print(f"{batch * seq / min(times[1:] or times):.0f} tokens/s (the fastest step) at batch "
+          f"{batch} x {seq} "
           f"(budget {budget / GiB:.1f} GiB); {times[0]:.1f} s from start to the first step's end")

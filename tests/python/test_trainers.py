@@ -147,3 +147,37 @@ def test_another_model_a_second_call_and_a_non_trainer_are_refused():
             assert not hasattr(trainer, trainers.MARK)
     with pytest.raises(TypeError, match="takes a Hugging Face transformers.Trainer"):
         trainers.stream_trainer(StandIn(Tiny()), object())
+
+
+@pytest.mark.parametrize("change, stream, match", [
+    (lambda t: setattr(t, "model_init", Tiny), {}, "has a model_init"),
+    (lambda t: setattr(t.args, "fp16", True), {"step_in_backward": True}, "with fp16=True"),
+    (lambda t: setattr(t.args, "optim", "adamw_torch_layerwise"), {},
+     "steps inside gradient hooks"),
+    (lambda t: setattr(t.args, "optim", "lomo"), {}, "steps inside gradient hooks"),
+    (lambda t: t.train(), {}, "call stream_trainer before the first train"),
+])
+def test_trainers_whose_optimizer_would_escape_the_stream_are_refused(change, stream, match):
+    """A model_init makes another model each train(); a loss scaler scales
+    gradients a step in backward would use first; layer-wise optimizers
+    step in hooks; after a train() accelerate holds the optimizer's step."""
+    with tempfile.TemporaryDirectory() as out:
+        trainer = make(out, max_grad_norm=0.0)
+        change(trainer)
+        handle = StandIn(trainer.model)
+        with pytest.raises(ValueError, match=match):
+            trainers.stream_trainer(handle, trainer, **stream)
+        assert handle.calls == [] and not hasattr(trainer, trainers.MARK)
+
+
+def test_an_optimizer_streamed_before_the_trainer_is_not_streamed_again():
+    """The older pattern (stream_optimizer, then optimizers=(optimizer, None))
+    followed by stream_trainer: one stream."""
+    with tempfile.TemporaryDirectory() as out:
+        model = Tiny()
+        handle = StandIn(model)
+        optimizer = handle.stream_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        trainer = make(out, model, optimizers=(optimizer, None))
+        trainers.stream_trainer(handle, trainer)
+        trainer.train()
+    assert [c[0] for c in handle.calls] == [optimizer]
