@@ -80,6 +80,16 @@ def outcome(result: dict):
     return result.get("losses", result.get("tokens"))
 
 
+def process_gpu_memory(result: dict):
+    """The process's GPU memory over a run, as offload_train records it, or
+    from the peak offload_lora and offload_llama record (the same measure:
+    mem_get_info against the free bytes after CUDA's start); None if neither."""
+    if result.get("process_gpu_memory"):
+        return result["process_gpu_memory"]
+    peak = result.get("gpu_peak_run_bytes")
+    return None if peak is None else {"peak_bytes": peak}
+
+
 def run_case(tree: str, case: str, timeout: int):
     script, rest = case.split(":")
     scenario, variant = rest.split("/")
@@ -100,7 +110,7 @@ def report(cases, runs, rates, old_rev, rounds, out):
             "unit": unit,
             **{t: method.summarize([v for v in values[t] if v is not None]) for t in trees},
             "process_gpu_memory": {t: method.gpu_memory_cell(
-                [x.get("process_gpu_memory") for x in runs[case][t] if x]) for t in trees},
+                [process_gpu_memory(x) for x in runs[case][t] if x]) for t in trees},
             "host_peak_gib": {t: max([x.get("host_peak_bytes") or 0 for x in runs[case][t] if x]
                                      or [0]) / 2**30 for t in trees},
             "losses_equal": all(

@@ -23,3 +23,9 @@ def test_both_trees_are_compared_on_losses_or_tokens_per_batch():
     assert trees.outcome({"tokens": [7]}) == [7] and trees.outcome({"losses": [0.5]}) == [0.5]
     assert trees.outcome(run) != trees.outcome({"batches": {"1": {"losses": [1.5, 1.0]},
                                                             "8": {"tokens": [3, 4]}}})
+
+
+def test_the_process_gpu_memory_is_read_whichever_benchmark_recorded_it():
+    assert trees.process_gpu_memory({"process_gpu_memory": {"peak_bytes": 5}}) == {"peak_bytes": 5}
+    assert trees.process_gpu_memory({"gpu_peak_run_bytes": 7}) == {"peak_bytes": 7}
+    assert trees.process_gpu_memory({"s_per_step": 1.0}) is None
