@@ -273,6 +273,13 @@ MUTANTS = [
      "    if given is not None and not handle.streams(given):",
      "    if given is not None:",
      ["tests/python/test_trainers.py::test_an_optimizer_streamed_before_the_trainer_is_not_streamed_again"]),
+    ("OffloadStrategy offloads again a module still offloaded", "torch_uvm/lightning.py",
+     "        if self.handle is None or not self.handle.offloaded or self.handle.module is not target:",
+     "        if True:",
+     ["tests/python/test_lightning_strategy.py::test_it_offloads_the_module_and_streams_what_configure_optimizers_returns"]),
+    ("OffloadStrategy lets a step in backward clip", "torch_uvm/lightning.py",
+     "        if trainer.gradient_clip_val:", "        if False:",
+     ["tests/python/test_lightning_strategy.py::test_what_a_step_in_backward_cannot_keep_is_refused_before_anything_is_offloaded"]),
     ("the LoRA recipe leaves its adapters on the meta device", "examples/recipes/lora_7b.py",
      "                layer.lora_A[name].to_empty(device=\"cpu\")\n"
      "                layer.lora_B[name].to_empty(device=\"cpu\")\n",

@@ -19,6 +19,10 @@ python3 -c "import pytest" 2>/dev/null || python3 -m pip install -q pytest
 python3 -c "import numpy" 2>/dev/null || python3 -m pip install -q numpy
 python3 -c "import safetensors" 2>/dev/null || python3 -m pip install -q safetensors   # checkpoint tests write files with it
 python3 -c "import scipy" 2>/dev/null || python3 -m pip install -q scipy               # the benchmarks' least-step bound (linprog)
+# Lightning's strategy is tested with a real Trainer (tests/python/test_lightning_strategy.py);
+# where pip cannot get it, those tests skip.
+python3 -c "import lightning" 2>/dev/null || python3 -m pip install -q lightning \
+  || echo "setup: lightning not installed: its strategy's tests skip"
 # The native module (needs the CUDA headers; no GPU needed to build).
 mkdir -p build
 if ! python3 setup.py build_ext --inplace > build/ext_build.log 2>&1; then

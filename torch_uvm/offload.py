@@ -380,6 +380,12 @@ class Offloaded:
             lambda opt, closure=None, **kwargs: self._step(opt, own, closure, kwargs), optimizer)
         return optimizer
 
+    @property
+    def offloaded(self) -> bool:
+        """Whether the module is still offloaded: False after undo(), or
+        after a ``.cpu()`` of it (which undoes it, as Lightning's teardown does)."""
+        return getattr(self.state.module, "_torch_uvm_offloaded", None) is self
+
     def streams(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether this offload streams `optimizer` (stream_optimizer)."""
         return any(o is optimizer for o, _ in self.state.optimizers)

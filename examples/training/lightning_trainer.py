@@ -2,13 +2,13 @@
 whose weights, gradients and AdamW states (384 MiB) are 12 times its
 budget (32 MiB of the GPU).
 
-The LightningModule offloads its net in ``configure_model`` and returns the
-streamed optimizer from ``configure_optimizers``. (Lightning moves the module
-to the GPU between the two hooks; offloaded first, the net's weights never
-land there whole.) Lightning calls ``optimizer.step(closure)``: the closure
-runs ``training_step`` and backward, then the step streams. The sanity check
-and each epoch's validation evaluate the same streamed weights. A checkpoint
-is saved after two epochs, and a new Trainer resumes from it
+torch_uvm's strategy, ``OffloadStrategy(budget=..., submodule="net")``,
+offloads the module's net where Lightning would move it to the GPU, and
+streams the optimizer ``configure_optimizers`` returns, written as for any
+Trainer. Lightning calls ``optimizer.step(closure)``: the closure runs
+``training_step`` and backward, then the step streams. The sanity check
+and each epoch's validation evaluate the same streamed weights. A
+checkpoint is saved after two epochs, and a new Trainer resumes from it
 (``ckpt_path=``) with a new module, as a new process would.
 
 With ``--precision 16-mixed``, Lightning's mixed-precision plugin runs the
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-import torch_uvm
+from torch_uvm.lightning import OffloadStrategy
 
 MiB = _common.MiB
 WIDTH, DEPTH = 1024, 24          # 24 residual Linear(1024, 1024): 96 MiB of fp32 weights
@@ -46,25 +46,16 @@ class Residual(torch.nn.Sequential):
 
 
 class Regressor(L.LightningModule):
-    def __init__(self, offload: bool):
+    def __init__(self):
         super().__init__()
-        self.offload = offload
         self.net = torch.nn.Sequential(*[
             Residual(torch.nn.LayerNorm(WIDTH), torch.nn.Linear(WIDTH, WIDTH), torch.nn.GELU())
             for _ in range(DEPTH)])
-        self.handle = None
         self.optimizer = None
         self.losses = []
 
-    def configure_model(self):
-        # called on every fit, before Lightning moves the module to the GPU
-        if self.offload and self.handle is None:
-            self.handle = torch_uvm.offload(self.net, budget=BUDGET)
-
     def configure_optimizers(self):
         self.optimizer = torch.optim.AdamW(self.net.parameters(), lr=1e-3, fused=True)
-        if self.handle is not None:
-            return self.handle.stream_optimizer(self.optimizer)
         return self.optimizer
 
     def training_step(self, batch, batch_idx):
@@ -78,9 +69,10 @@ class Regressor(L.LightningModule):
         self.losses.append(F.mse_loss(self.net(x), y))
 
 
-def trainer(root: str, max_epochs: int, precision: str) -> L.Trainer:
+def trainer(root: str, max_epochs: int, precision: str, offload: bool) -> L.Trainer:
+    strategy = OffloadStrategy(budget=BUDGET, submodule="net") if offload else "auto"
     return L.Trainer(accelerator="gpu", devices=1, max_epochs=max_epochs, default_root_dir=root,
-                     precision=precision,
+                     precision=precision, strategy=strategy,
                      num_sanity_val_steps=2, check_val_every_n_epoch=1, deterministic=True,
                      logger=False, enable_progress_bar=False, enable_model_summary=False,
                      enable_checkpointing=False)
@@ -95,17 +87,18 @@ def train(offload: bool, precision: str = "32-true") -> dict:
     val_loader = DataLoader(val, batch_size=64)
     peaks = []
     with tempfile.TemporaryDirectory() as root:
-        first, fit = Regressor(offload), trainer(root, max_epochs=2, precision=precision)
+        first, fit = Regressor(), trainer(root, 2, precision, offload)
         fit.fit(first, train_loader, val_loader)
         path = os.path.join(root, "epoch2.ckpt")
         fit.save_checkpoint(path)
-        if first.handle is not None:
-            peaks.append(_common.undo(first.handle))
+        handle = getattr(fit.strategy, "handle", None)   # (Lightning's teardown undid it)
+        if handle is not None:
+            peaks.append(_common.undo(handle))
         # a new module and a new Trainer go on from the checkpoint
-        resumed = Regressor(offload)
-        trainer(root, max_epochs=3, precision=precision).fit(resumed, train_loader, val_loader, ckpt_path=path)
+        resumed, again = Regressor(), trainer(root, 3, precision, offload)
+        again.fit(resumed, train_loader, val_loader, ckpt_path=path)
     return _common.finish(first.losses + resumed.losses, {"net": resumed.net}, [resumed.optimizer],
-                          [resumed.handle], BUDGET, peaks)
+                          [getattr(again.strategy, "handle", None)], BUDGET, peaks)
 
 
 if __name__ == "__main__":

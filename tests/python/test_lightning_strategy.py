@@ -1,0 +1,109 @@
+"""OffloadStrategy (torch_uvm/lightning.py) in a real Lightning Trainer on
+the CPU, with a stand-in for offload: what it offloads, when, which
+optimizers it streams, and what it refuses before anything is offloaded.
+Streaming itself, against all-resident, is
+examples/training/lightning_trainer.py (test_gpu_examples.py)."""
+import pytest
+import torch
+
+L = pytest.importorskip("lightning")
+
+from torch_uvm import lightning as tl  # noqa: E402
+
+
+class StandIn:
+    """What the strategy uses of an offload's handle."""
+
+    def __init__(self, module):
+        self.module, self.offloaded, self.streamed, self.settings = module, True, [], []
+
+    def streams(self, optimizer):
+        return any(o is optimizer for o in self.streamed)
+
+    def stream_optimizer(self, optimizer, **settings):
+        self.streamed.append(optimizer)
+        self.settings.append(settings)
+        return optimizer
+
+
+class Net(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        self.head = torch.nn.Linear(1, 1)
+        self.made = []
+
+    def training_step(self, batch, _):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.head(self.net(x)), y)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(self.parameters(), lr=1e-3)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+        self.made.append((optimizer, scheduler))
+        return [optimizer], [scheduler]
+
+
+@pytest.fixture
+def offloads(monkeypatch):
+    """Each offload() the strategy makes: (module, its arguments, its handle)."""
+    made = []
+
+    def fake(module, **kwargs):
+        made.append((module, kwargs, StandIn(module)))
+        return made[-1][2]
+    monkeypatch.setattr(tl, "offload", fake)
+    return made
+
+
+def loader():
+    data = torch.utils.data.TensorDataset(torch.randn(16, 8), torch.randn(16, 1))
+    return torch.utils.data.DataLoader(data, batch_size=4)
+
+
+def trainer_of(strategy, **settings):
+    return L.Trainer(accelerator="cpu", devices=1, strategy=strategy, max_steps=2, logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, **settings)
+
+
+def fit(model, strategy, **settings):
+    trainer = trainer_of(strategy, **settings)
+    trainer.fit(model, loader())
+    return trainer
+
+
+def test_it_offloads_the_module_and_streams_what_configure_optimizers_returns(offloads):
+    model = Net()
+    strategy = tl.OffloadStrategy(budget=1 << 20, device="cpu", host_step=0.5)
+    trainer = fit(model, strategy)
+    [(module, kwargs, handle)] = offloads
+    assert module is model and kwargs["budget"] == 1 << 20
+    [(optimizer, scheduler)] = model.made
+    assert handle.streamed == [optimizer] and scheduler.optimizer is optimizer
+    assert handle.settings == [{"step_in_backward": False, "host_step": 0.5,
+                                "non_blocking": False}]
+    trainer.fit(model, loader())             # still offloaded: not offloaded again
+    assert len(offloads) == 1 and len(handle.streamed) == 2
+    handle.offloaded = False                 # undone (Lightning's teardown moves it to the CPU)
+    trainer.fit(model, loader())
+    assert len(offloads) == 2
+
+
+def test_a_named_submodule_is_offloaded_alone(offloads):
+    model = Net()
+    fit(model, tl.OffloadStrategy(budget=1 << 20, device="cpu", submodule="net"))
+    [(module, _, _)] = offloads
+    assert module is model.net
+
+
+@pytest.mark.parametrize("trainer, match", [
+    ({"gradient_clip_val": 1.0}, "gradient_clip_val=1.0"),
+    ({"accumulate_grad_batches": 2}, "accumulate_grad_batches=2"),
+])
+def test_what_a_step_in_backward_cannot_keep_is_refused_before_anything_is_offloaded(
+        offloads, trainer, match):
+    with pytest.raises(ValueError, match=match):
+        fit(Net(), tl.OffloadStrategy(budget=1 << 20, device="cpu", step_in_backward=True),
+            **trainer)
+    assert offloads == []

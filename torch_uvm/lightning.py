@@ -1,0 +1,99 @@
+"""Lightning's ``Trainer`` streaming a model larger than the GPU, by its
+strategy, with ``configure_model`` and ``configure_optimizers`` as users
+write them:
+
+    from torch_uvm.lightning import OffloadStrategy
+    trainer = L.Trainer(accelerator="gpu", devices=1,
+                        strategy=OffloadStrategy(budget="8GiB", step_in_backward=True))
+    trainer.fit(module, loader)
+
+Where Lightning's single-device strategy moves the module to its GPU, this
+one offloads it (the whole LightningModule, or its submodule `submodule`,
+the rest then moved as usual), and it streams every optimizer that
+``configure_optimizers`` returns, its schedulers included. Optimizer states
+stay in their homes: they are not moved to the GPU at setup, nor to the CPU
+at teardown. Lightning's teardown moves the module to the CPU, which undoes
+the offload; the next ``fit`` (or ``validate``, ``test``, ``predict``)
+offloads it again. Imports lightning: only for those who use it."""
+from __future__ import annotations
+
+from typing import Optional
+
+import lightning.pytorch as pl
+from lightning.pytorch.strategies import SingleDeviceStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+
+from .offload import offload
+
+
+class OffloadStrategy(SingleDeviceStrategy):
+    """`budget`, `ahead`, `mode`, `units`, `checkpoint`: offload's;
+    `step_in_backward`, `host_step`, `non_blocking`: stream_optimizer's;
+    `submodule`: the name of the part to offload (default: all of it)."""
+
+    strategy_name = "torch_uvm_offload"
+
+    def __init__(self, budget=None, device="cuda:0", submodule: Optional[str] = None,
+                 step_in_backward: bool = False, host_step: float = 0.0,
+                 non_blocking: bool = False, **offload_options):
+        super().__init__(device=device)
+        self.budget, self.submodule = budget, submodule
+        self.stream = dict(step_in_backward=step_in_backward, host_step=host_step,
+                           non_blocking=non_blocking)
+        self.offload_options = offload_options
+        self.handle = None
+
+    def check(self, trainer: "pl.Trainer") -> None:
+        """Refuses, before anything is offloaded, what a step in backward
+        cannot keep: clipping, accumulation, a loss scaler."""
+        if not self.stream["step_in_backward"] or trainer.state.fn != TrainerFn.FITTING:
+            return
+        if trainer.gradient_clip_val:
+            raise ValueError(
+                f"torch_uvm: OffloadStrategy(step_in_backward=True) with Trainer(gradient_clip_val="
+                f"{trainer.gradient_clip_val}): each submodule steps in backward, so no gradient "
+                f"is left to clip. Drop gradient_clip_val, or step_in_backward")
+        if trainer.accumulate_grad_batches > 1:
+            raise ValueError(
+                f"torch_uvm: OffloadStrategy(step_in_backward=True) with Trainer("
+                f"accumulate_grad_batches={trainer.accumulate_grad_batches}): a step in backward "
+                f"cannot add up several backwards' gradients. Use step_in_backward=False")
+        if str(trainer.precision).startswith("16"):
+            raise ValueError(
+                f"torch_uvm: OffloadStrategy(step_in_backward=True) with precision="
+                f"{trainer.precision!r}: a step in backward would use gradients the loss scaler "
+                f"has scaled, before it checks them. Use bf16-mixed, or step_in_backward=False")
+
+    def model_to_device(self) -> None:
+        module = self.lightning_module
+        target = module.get_submodule(self.submodule) if self.submodule else module
+        if self.handle is None or not self.handle.offloaded or self.handle.module is not target:
+            self.handle = offload(target, budget=self.budget, device=self.root_device,
+                                  **self.offload_options)
+        if target is not module:
+            module.to(self.root_device)      # the rest; the offloaded part stays as it is
+
+    def setup_optimizers(self, trainer: "pl.Trainer") -> None:
+        super().setup_optimizers(trainer)
+        for optimizer in self.optimizers:
+            if not self.handle.streams(optimizer):
+                self.handle.stream_optimizer(optimizer, **self.stream)
+
+    def setup(self, trainer: "pl.Trainer") -> None:
+        # Strategy.setup, but for the move of the optimizers' states to the GPU:
+        # a streamed optimizer's states live in their homes
+        self.check(trainer)
+        self.accelerator.setup(trainer)
+        self.model = self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        self.model = self._setup_model(self.model)
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+
+    def teardown(self) -> None:
+        optimizers, self.optimizers = self.optimizers, []   # (their states stay in the homes)
+        try:
+            super().teardown()
+        finally:
+            self.optimizers = optimizers
