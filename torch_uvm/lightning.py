@@ -11,10 +11,11 @@ Where Lightning's single-device strategy moves the module to its GPU, this
 one offloads it (the whole LightningModule, or its submodule `submodule`,
 the rest then moved as usual), and it streams every optimizer that
 ``configure_optimizers`` returns, its schedulers included. Optimizer states
-stay in their homes: they are not moved to the GPU at setup, nor to the CPU
-at teardown. Lightning's teardown moves the module to the CPU, which undoes
-the offload; the next ``fit`` (or ``validate``, ``test``, ``predict``)
-offloads it again. Imports lightning: only for those who use it."""
+stay in their homes: they are not moved to the GPU at setup. Lightning's
+teardown moves the module to the CPU, which undoes the offload (the optimizers' states, in their homes, are CPU tensors
+already); the next ``fit`` (or ``validate``, ``test``, ``predict``, each
+pinning the homes anew) offloads it again. One strategy per Trainer, as
+Lightning's own. Imports lightning: only for those who use it."""
 from __future__ import annotations
 
 from typing import Optional
@@ -53,12 +54,16 @@ class OffloadStrategy(SingleDeviceStrategy):
                 f"torch_uvm: OffloadStrategy(step_in_backward=True) with Trainer(gradient_clip_val="
                 f"{trainer.gradient_clip_val}): each submodule steps in backward, so no gradient "
                 f"is left to clip. Drop gradient_clip_val, or step_in_backward")
-        if trainer.accumulate_grad_batches > 1:
+        scheduled = [c for c in trainer.callbacks   # (GradientAccumulationScheduler's, later)
+                     if getattr(c, "going_to_accumulate_grad_batches", lambda: False)()]
+        if trainer.accumulate_grad_batches > 1 or scheduled:
             raise ValueError(
                 f"torch_uvm: OffloadStrategy(step_in_backward=True) with Trainer("
-                f"accumulate_grad_batches={trainer.accumulate_grad_batches}): a step in backward "
-                f"cannot add up several backwards' gradients. Use step_in_backward=False")
-        if str(trainer.precision).startswith("16"):
+                f"accumulate_grad_batches={trainer.accumulate_grad_batches})"
+                f"{' and a ' + type(scheduled[0]).__name__ if scheduled else ''}: a step in "
+                f"backward cannot add up several backwards' gradients. Use "
+                f"step_in_backward=False")
+        if getattr(self.precision_plugin, "scaler", None) is not None:
             raise ValueError(
                 f"torch_uvm: OffloadStrategy(step_in_backward=True) with precision="
                 f"{trainer.precision!r}: a step in backward would use gradients the loss scaler "
@@ -67,11 +72,14 @@ class OffloadStrategy(SingleDeviceStrategy):
     def model_to_device(self) -> None:
         module = self.lightning_module
         target = module.get_submodule(self.submodule) if self.submodule else module
-        if self.handle is None or not self.handle.offloaded or self.handle.module is not target:
-            self.handle = offload(target, budget=self.budget, device=self.root_device,
-                                  **self.offload_options)
-        if target is not module:
-            module.to(self.root_device)      # the rest; the offloaded part stays as it is
+        # Still offloaded from an earlier fit (Lightning 2.x's teardown undoes it): undone
+        # first, so that no optimizer of that fit stays streamed beside the new ones
+        if self.handle is not None and self.handle.offloaded:
+            self.handle.undo()
+        self.handle = offload(target, budget=self.budget, device=self.root_device,
+                              **self.offload_options)
+        # the rest, and module.device; the offloaded part stays (a move that changes nothing)
+        module.to(self.root_device)
 
     def setup_optimizers(self, trainer: "pl.Trainer") -> None:
         super().setup_optimizers(trainer)
@@ -90,10 +98,3 @@ class OffloadStrategy(SingleDeviceStrategy):
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()
-
-    def teardown(self) -> None:
-        optimizers, self.optimizers = self.optimizers, []   # (their states stay in the homes)
-        try:
-            super().teardown()
-        finally:
-            self.optimizers = optimizers

@@ -17,6 +17,9 @@ class StandIn:
     def __init__(self, module):
         self.module, self.offloaded, self.streamed, self.settings = module, True, [], []
 
+    def undo(self):
+        self.offloaded = False
+
     def streams(self, optimizer):
         return any(o is optimizer for o in self.streamed)
 
@@ -83,11 +86,10 @@ def test_it_offloads_the_module_and_streams_what_configure_optimizers_returns(of
     assert handle.streamed == [optimizer] and scheduler.optimizer is optimizer
     assert handle.settings == [{"step_in_backward": False, "host_step": 0.5,
                                 "non_blocking": False}]
-    trainer.fit(model, loader())             # still offloaded: not offloaded again
-    assert len(offloads) == 1 and len(handle.streamed) == 2
-    handle.offloaded = False                 # undone (Lightning's teardown moves it to the CPU)
-    trainer.fit(model, loader())
-    assert len(offloads) == 2
+    # (the stand-in stays offloaded through teardown, where a real one is undone by its .cpu())
+    trainer.fit(model, loader())             # undone first: no optimizer streamed twice
+    assert not handle.offloaded and len(offloads) == 2
+    assert [len(h.streamed) for _, _, h in offloads] == [1, 1]
 
 
 def test_a_named_submodule_is_offloaded_alone(offloads):
@@ -100,6 +102,10 @@ def test_a_named_submodule_is_offloaded_alone(offloads):
 @pytest.mark.parametrize("trainer, match", [
     ({"gradient_clip_val": 1.0}, "gradient_clip_val=1.0"),
     ({"accumulate_grad_batches": 2}, "accumulate_grad_batches=2"),
+    ({"callbacks": [L.pytorch.callbacks.GradientAccumulationScheduler({0: 4})]},
+     "and a GradientAccumulationScheduler"),
+    ({"plugins": [L.pytorch.plugins.precision.MixedPrecision(     # (on a GPU: precision="16-mixed")
+        "16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))]}, "the loss scaler"),
 ])
 def test_what_a_step_in_backward_cannot_keep_is_refused_before_anything_is_offloaded(
         offloads, trainer, match):
