@@ -12,10 +12,11 @@ one offloads it (the whole LightningModule, or its submodule `submodule`,
 the rest then moved as usual), and it streams every optimizer that
 ``configure_optimizers`` returns, its schedulers included. Optimizer states
 stay in their homes: they are not moved to the GPU at setup. Lightning's
-teardown moves the module to the CPU, which undoes the offload (the optimizers' states, in their homes, are CPU tensors
-already); the next ``fit`` (or ``validate``, ``test``, ``predict``, each
-pinning the homes anew) offloads it again. One strategy per Trainer, as
-Lightning's own. Imports lightning: only for those who use it."""
+teardown moves the module to the CPU, which undoes the offload (the
+optimizers' states, in their homes, are CPU tensors already); the next
+``fit`` (or ``validate``, ``test``, ``predict``, each pinning the homes
+anew) offloads it again. One strategy per Trainer, as Lightning's own.
+Imports lightning: only for those who use it."""
 from __future__ import annotations
 
 from typing import Optional

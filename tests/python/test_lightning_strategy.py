@@ -32,7 +32,8 @@ class StandIn:
 class Net(L.LightningModule):
     def __init__(self):
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                                       torch.nn.Linear(8, 1))
         self.head = torch.nn.Linear(1, 1)
         self.made = []
 
