@@ -84,9 +84,8 @@ class OffloadStrategy(SingleDeviceStrategy):
 
     def setup_optimizers(self, trainer: "pl.Trainer") -> None:
         super().setup_optimizers(trainer)
-        for optimizer in self.optimizers:
-            if not self.handle.streams(optimizer):
-                self.handle.stream_optimizer(optimizer, **self.stream)
+        for optimizer in self.optimizers:      # (the handle is new: model_to_device made it)
+            self.handle.stream_optimizer(optimizer, **self.stream)
 
     def setup(self, trainer: "pl.Trainer") -> None:
         # Strategy.setup, but for the move of the optimizers' states to the GPU:

@@ -388,7 +388,7 @@ class Offloaded:
 
     def streams(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether this offload streams `optimizer` (stream_optimizer)."""
-        return any(o is optimizer for o, _ in self.state.optimizers)
+        return self.state.streams(optimizer)
 
     def stream_trainer(self, trainer, step_in_backward: bool = False, host_step: float = 0.0,
                        non_blocking: bool = False):

@@ -80,6 +80,10 @@ class OffloadState:
     def learned(self) -> bool:
         return self.executor is not None and self.executor.planned()
 
+    def streams(self, optimizer) -> bool:
+        """Whether `optimizer` is one this offload streams."""
+        return any(o is optimizer for o, _ in self.optimizers)
+
     def resident_units(self) -> List[Unit]:
         return [u for u in self.units if self.learned and self.executor.resident(u.index)]
 

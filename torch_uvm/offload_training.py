@@ -260,10 +260,10 @@ def check_optimizer(state: "OffloadState", optimizer: torch.optim.Optimizer, oth
             "and updates every parameter at once, where a streamed step updates one submodule "
             "at a time within the budget. Use an optimizer that steps each parameter on its "
             "own (SGD, Adam, AdamW, ...), or undo the offload")
-    if any(o is optimizer for o, _ in state.optimizers):
+    if state.streams(optimizer):
         raise ValueError("torch_uvm: this optimizer is streamed by this offload already")
     for other in others:
-        if any(o is optimizer for o, _ in other.optimizers):
+        if other.streams(optimizer):
             raise ValueError(
                 f"torch_uvm: this optimizer is streamed by another offload (of "
                 f"'{type(other.module).__name__}') already: each offload streams an optimizer of "

@@ -28,7 +28,7 @@ import torch
 
 from . import _C
 from .profile import torch_profiler_recording
-from .sizes import bytes_or_fraction, parse_bytes
+from .sizes import bytes_or_fraction
 
 _BUDGET = _C.residency_budget()
 _LOCK = threading.RLock()

@@ -34,7 +34,6 @@ def parse_bytes(value, what: str):
     return int(Decimal(number) * UNITS[unit.lower()])   # (exact: "4.1GB" is 4100000000)
 
 
-
 def bytes_or_fraction(value, what: str, whole):
     """`value` in bytes where a float in (0, 1] is that fraction of `whole`
     (bytes, or a function giving them, asked only for a fraction: each

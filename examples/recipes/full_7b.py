@@ -16,13 +16,9 @@ import argparse
 import time
 
 import torch
-from accelerate import init_empty_weights
-from transformers import AutoConfig, AutoModelForCausalLM
 
 import torch_uvm
-from measure import PeakGpuMemory, print_steps, report, train
-
-GPU_MEMORY = 24 << 30
+from recipe import PeakGpuMemory, meta_model, plan, print_steps, report, train
 
 
 def main(argv=None):
@@ -32,28 +28,21 @@ def main(argv=None):
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=4)
     args = ap.parse_args(argv)
-    gpu = torch.cuda.is_available()
-    plan = torch_uvm.estimate(args.folder, task="full", gpu_memory=GPU_MEMORY, batch=args.batch,
-                              seq=args.seq, dtype="bfloat16", autocast=False,
-                              link_gbps="measure" if gpu else None)
-    print(plan.table())
-    if not gpu:
-        print("no GPU here: with one, it would train every weight within that budget and "
-              "print tokens/s, the time to the first step and the memory it took")
+    chosen = plan(args.folder, "full", "train every weight", batch=args.batch, seq=args.seq,
+                  autocast=False)
+    if chosen is None:
         return
     with PeakGpuMemory() as memory:
         t0 = time.perf_counter()
-        with init_empty_weights():         # (buffers such as the rotary tables stay real)
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.folder),
-                                                     dtype=torch.bfloat16)
+        model = meta_model(args.folder)
         model.config.use_cache = False
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        handle = torch_uvm.offload(model.train(), budget=plan.budget, checkpoint=args.folder)
+        handle = torch_uvm.offload(model.train(), budget=chosen.budget, checkpoint=args.folder)
         optimizer = handle.stream_optimizer(
             torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True), step_in_backward=True)
         times = train(model, optimizer, args.batch, args.seq, args.steps, t0)
-    print_steps(times, args.batch, args.seq, plan.budget)
-    report("full fine-tune", memory.peak, GPU_MEMORY)
+    print_steps(times, args.batch, args.seq, chosen.budget)
+    report("full fine-tune", memory.peak)
     handle.undo()
 
 

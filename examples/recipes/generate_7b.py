@@ -12,13 +12,9 @@ import argparse
 import time
 
 import torch
-from accelerate import init_empty_weights
-from transformers import AutoConfig, AutoModelForCausalLM
 
 import torch_uvm
-from measure import PeakGpuMemory, report
-
-GPU_MEMORY = 24 << 30
+from recipe import PeakGpuMemory, meta_model, plan, report
 
 
 def main(argv=None):
@@ -28,21 +24,14 @@ def main(argv=None):
     ap.add_argument("--prompt", type=int, default=512, help="tokens in each prompt")
     ap.add_argument("--new-tokens", type=int, default=32)
     args = ap.parse_args(argv)
-    gpu = torch.cuda.is_available()
-    plan = torch_uvm.estimate(args.folder, task="generate", gpu_memory=GPU_MEMORY,
-                              batch=args.batch, seq=args.prompt, new_tokens=args.new_tokens,
-                              dtype="bfloat16", link_gbps="measure" if gpu else None)
-    print(plan.table())
-    if not gpu:
-        print("no GPU here: with one, it would offload the model within that budget and "
-              "print tokens/s, the time to the first token and the memory it took")
+    chosen = plan(args.folder, "generate", "offload the model", batch=args.batch,
+                  seq=args.prompt, new_tokens=args.new_tokens)
+    if chosen is None:
         return
     with PeakGpuMemory() as memory:
         t0 = time.perf_counter()
-        with init_empty_weights():         # (buffers such as the rotary tables stay real)
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.folder),
-                                                     dtype=torch.bfloat16)
-        handle = torch_uvm.offload(model.eval(), budget=plan.budget, checkpoint=args.folder)
+        model = meta_model(args.folder).eval()
+        handle = torch_uvm.offload(model, budget=chosen.budget, checkpoint=args.folder)
         vocab = model.config.vocab_size
         ids = torch.randint(0, vocab, (args.batch, args.prompt), device="cuda")
         with torch.no_grad():
@@ -55,8 +44,8 @@ def main(argv=None):
             torch.cuda.synchronize()
             seconds = time.perf_counter() - t1
     print(f"{args.batch * args.new_tokens / seconds:.1f} tokens/s at batch {args.batch} "
-          f"(budget {plan.budget / 2**30:.1f} GiB); {first:.1f} s from start to the first token")
-    report("generate", memory.peak, GPU_MEMORY)
+          f"(budget {chosen.budget / 2**30:.1f} GiB); {first:.1f} s from start to the first token")
+    report("generate", memory.peak)
     handle.undo()
 
 

@@ -13,23 +13,18 @@ import argparse
 import time
 
 import torch
-from accelerate import init_empty_weights
 from peft import LoraConfig, get_peft_model
-from transformers import AutoConfig, AutoModelForCausalLM
 
 import torch_uvm
-from measure import PeakGpuMemory, print_steps, report, train
+from recipe import PeakGpuMemory, meta_model, plan, print_steps, report, train
 
-GPU_MEMORY = 24 << 30
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def lora_model(folder: str):
     """The PEFT model over a base on the meta device; its adapters (PEFT makes
     them on the base's device, meta too) given memory and their first values."""
-    with init_empty_weights():             # (buffers such as the rotary tables stay real)
-        base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder),
-                                                dtype=torch.bfloat16)
+    base = meta_model(folder)
     base.config.use_cache = False
     base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules=PROJECTIONS,
@@ -50,24 +45,18 @@ def main(argv=None):
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=4)
     args = ap.parse_args(argv)
-    gpu = torch.cuda.is_available()
-    plan = torch_uvm.estimate(args.folder, task="lora", gpu_memory=GPU_MEMORY, batch=args.batch,
-                              seq=args.seq, dtype="bfloat16",
-                              link_gbps="measure" if gpu else None)
-    print(plan.table())
-    if not gpu:
-        print("no GPU here: with one, it would train the adapters within that budget and "
-              "print tokens/s, the time to the first step and the memory it took")
+    chosen = plan(args.folder, "lora", "train the adapters", batch=args.batch, seq=args.seq)
+    if chosen is None:
         return
     with PeakGpuMemory() as memory:
         t0 = time.perf_counter()
         model = lora_model(args.folder)
-        handle = torch_uvm.offload(model, budget=plan.budget, checkpoint=args.folder)
+        handle = torch_uvm.offload(model, budget=chosen.budget, checkpoint=args.folder)
         optimizer = handle.stream_optimizer(torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True))
         times = train(model, optimizer, args.batch, args.seq, args.steps, t0)
-    print_steps(times, args.batch, args.seq, plan.budget)
-    report("LoRA", memory.peak, GPU_MEMORY)
+    print_steps(times, args.batch, args.seq, chosen.budget)
+    report("LoRA", memory.peak)
     handle.undo()
 
 

@@ -1,4 +1,5 @@
-"""What the recipes share: their training steps, timed, and what they
+"""What the recipes share: the plan within 24 GiB, the model made on the
+meta device from its folder, their training steps, timed, and what they
 print beside their speed, measured apart from torch_uvm's books: the GPU
 memory in use on the card at its peak (``torch.cuda.mem_get_info``,
 sampled every 5 ms: this process's, and any other's on the same card) and
@@ -8,8 +9,38 @@ import threading
 import time
 
 import torch
+from accelerate import init_empty_weights
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import torch_uvm
 
 GiB = 1 << 30
+GPU_MEMORY = 24 * GiB
+
+
+def plan(folder: str, task: str, would: str, **estimate):
+    """Prints the estimate of `task` (torch_uvm.estimate's, `estimate` its
+    other arguments) with the largest budget that keeps the process within
+    GPU_MEMORY; returns it, or None without a GPU, saying what it `would` do."""
+    gpu = torch.cuda.is_available()
+    found = torch_uvm.estimate(folder, task=task, gpu_memory=GPU_MEMORY, dtype="bfloat16",
+                               link_gbps="measure" if gpu else None, **estimate)
+    print(found.table())
+    if not gpu:
+        print(f"no GPU here: with one, it would {would} within that budget and print "
+              f"tokens/s, the time to the {'first token' if task == 'generate' else 'first step'}"
+              f" and the memory it took")
+        return None
+    return found
+
+
+def meta_model(folder: str):
+    """The folder's model in bf16 on the meta device, for offload(...,
+    checkpoint=folder) to read its weights into (buffers such as the rotary
+    tables stay real: init_empty_weights makes only the parameters meta)."""
+    with init_empty_weights():
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder),
+                                                dtype=torch.bfloat16)
 
 
 class PeakGpuMemory:
@@ -38,7 +69,7 @@ def host_peak() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def report(what: str, gpu_peak: int, bound: int) -> None:
+def report(what: str, gpu_peak: int, bound: int = GPU_MEMORY) -> None:
     print(f"{what}: GPU memory in use at its peak {gpu_peak / GiB:.2f} GiB "
           f"({'within' if gpu_peak <= bound else 'ABOVE'} {bound / GiB:.0f} GiB), "
           f"host peak {host_peak() / GiB:.1f} GiB")
