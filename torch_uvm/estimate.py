@@ -47,7 +47,8 @@ from typing import Dict, Optional
 import torch
 
 from .offload_state import window_bytes
-from .sizes import parse_bytes
+from .activations import DEFAULT_WINDOW as ACTIVATIONS_WINDOW
+from .sizes import card_bytes, parse_bytes
 
 GiB = 1 << 30
 # Measured beside the tensors, on H100s and H200s (benchmarks/results):
@@ -154,6 +155,9 @@ class Estimate:
     floor_s: Optional[float]          # the least seconds a step (a token) takes at it
     per: str                          # "step" or "token"
     tokens: int                       # tokens a step (a token: the batch)
+    activations_home: bool = False    # saved activations go home (offload_activations)
+    batch: int = 1
+    seq: int = 1
 
     @property
     def gpu_total(self) -> int:
@@ -161,8 +165,9 @@ class Estimate:
 
     def table(self) -> str:
         g = size_text
-        lines = [f"torch_uvm estimate: {self.task}, budget {g(self.budget)}, weights "
-                 f"{g(self.weights)}",
+        lines = [f"torch_uvm estimate: {self.task}, batch {self.batch} x {self.seq}, budget "
+                 f"{g(self.budget)}, weights {g(self.weights)}"
+                 f"{', saved activations home' if self.activations_home else ''}",
                  f"  process GPU memory     {g(self.gpu_total)}"]
         lines += [f"    {k:<20} {g(v)}" for k, v in self.gpu.items()]
         lines += [f"  host memory            {g(self.host)} ({g(self.host_pinned)} pinned)",
@@ -199,10 +204,12 @@ def measure_link_gbps(nbytes: int = 256 << 20) -> Optional[float]:
     return best
 
 
-def module_units(module, units: str):
+def module_units(module, units: str, trainable: bool = False):
     """The bytes of each unit offload() would make of `module` (its own
     tensors; tied ones once): each submodule, or with ``units="layers"``
-    the classes its ``_no_split_modules`` names."""
+    the classes its ``_no_split_modules`` names. `trainable`: the bytes of
+    each unit's parameters that require grad instead. Any other `units`
+    is offload()'s own (classes, names, a function)."""
     from .offload_units import make_units, offload_plan, unit_roots
     if units == "layers":
         names = getattr(module, "_no_split_modules", None)
@@ -211,10 +218,13 @@ def module_units(module, units: str):
                              "_no_split_modules, and this module has none")
         matched = list(names)
     else:
-        matched = None
+        matched = None if units == "submodules" else units
     plan = offload_plan(module)
     shared = {id(t): t for _, _, own, _ in plan for _, t, _ in own}
-    return [u.nbytes for u in make_units(plan, unit_roots(module, matched), shared)]
+    made = make_units(plan, unit_roots(module, matched), shared)
+    for u in made:     # (offload fills them in as it installs; here, as it would)
+        u.trainable = [t for t in u.targets if isinstance(t, torch.nn.Parameter) and t.requires_grad]
+    return [u.trainable_bytes if trainable else u.nbytes for u in made]
 
 
 def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch: int = 1,
@@ -222,7 +232,8 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
              new_tokens: int = 32, dtype: Optional[str] = None, units: str = "submodules",
              ahead: int = 1, checkpointing: bool = True, eager_attention: bool = False,
              lora_rank: int = 16, autocast: bool = True, step_in_backward: bool = True,
-             link_gbps: Optional[float] = "measure") -> Estimate:
+             link_gbps: Optional[float] = "measure", taken: Optional[int] = None,
+             activations_home=False) -> Estimate:
     """The estimate of an offload of the model `config` describes (a
     ``config.json``, its folder, or its dict; or a Hugging Face model
     itself, on the meta device say, whose units are then measured as
@@ -235,11 +246,19 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
     (the most GPU memory the whole process may take), the largest budget
     within it (refused, naming the least that fits and what takes it,
     when even the least budget does not). `dtype`: the weights' (default:
-    fp32 for "full", else the config's ``torch_dtype``, else bf16)."""
+    fp32 for "full", else the config's ``torch_dtype``, else bf16).
+    `gpu_memory` is a size, a float (that fraction of the card's memory) or
+    "auto" (sizes.card_bytes). `taken`: the bytes the process holds on the
+    GPU before the offload (its CUDA context, say: offload's gpu_memory
+    measures them), a part of its own. `activations_home`: saved
+    activations go to pinned host memory (offload_activations), so at most
+    two of its windows of them stay; "auto": only when gpu_memory cannot
+    hold them otherwise."""
     if task not in TASKS:
         raise ValueError(f"torch_uvm: estimate's task is one of {TASKS}, got {task!r}")
-    if units not in ("submodules", "layers"):
-        raise ValueError(f"torch_uvm: estimate's units is 'submodules' or 'layers', got {units!r}")
+    if units not in ("submodules", "layers") and not isinstance(config, torch.nn.Module):
+        raise ValueError(f"torch_uvm: estimate's units is 'submodules' or 'layers' (of a module: "
+                         f"anything offload's units takes), got {units!r}")
     for name, v in (("batch", batch), ("seq", seq), ("ahead", ahead)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"torch_uvm: estimate's {name} must be a positive int, got {v!r}")
@@ -272,33 +291,41 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
     if module is not None:     # its units as offload() would make them, measured
         sizes = module_units(module, units)
         weights, largest = sum(sizes), max(sizes)
+        trainable = module_units(module, units, trainable=True) if training else [0]
     else:
         weights = shape.params() * e
         largest = max(shape.unit_params(units).values()) * e
+        trainable = None
     if task == "full":
-        largest_trainable = largest
+        largest_trainable = largest if trainable is None else max(trainable)
     elif task == "lora":   # a projection's adapters: rank x (in + out), fp32
         largest_trainable = lora_rank * (h + shape.intermediate) * 4 * (
-            1 if units == "submodules" else 7)
+            1 if units == "submodules" else 7) if trainable is None else max(trainable)
     else:
         largest_trainable = 0
     least = window_bytes("prefetch", training, ahead, largest, largest_trainable)
     chosen = parse_bytes(budget, "the budget")
-    bound = parse_bytes(gpu_memory, "gpu_memory")
+    bound = card_bytes(gpu_memory, "gpu_memory")
     if chosen is not None and bound is not None:
         raise ValueError("torch_uvm: give estimate a budget or gpu_memory, not both: "
                          "gpu_memory chooses the budget")
+    if activations_home not in (False, True, "auto"):
+        raise ValueError(f"torch_uvm: estimate's activations_home is False, True or 'auto', "
+                         f"got {activations_home!r}")
+    if taken is not None and (isinstance(taken, bool) or not isinstance(taken, int) or taken < 0):
+        raise ValueError(f"torch_uvm: estimate's taken is bytes (an int, 0 or more), got {taken!r}")
 
-    def gpu_parts(b: int) -> Dict[str, int]:
-        parts = {"slots": min(b, weights)}
+    def gpu_parts(b: int, home: bool) -> Dict[str, int]:
+        parts = {} if taken is None else {"held before the offload": taken}
+        parts["slots"] = min(b, weights)
         tokens = batch * seq
         layer = tokens * h * (34 + (5 * shape.heads * seq / h if eager_attention else 0)) * act / 2
         if training:
             parts["gradients in flight"] = 2 * largest_trainable
-            if checkpointing:
-                parts["activations"] = int(L * tokens * h * e + layer)
-            else:
-                parts["activations"] = int(L * layer)
+            saved = L * tokens * h * e if checkpointing else (L - 1) * layer
+            if home:     # offload_activations: two windows on their way, a layer working
+                saved = min(saved, 2 * ACTIVATIONS_WINDOW)
+            parts["activations"] = int(saved + layer)
             parts["logits"] = tokens * V * (act + 4 + 4)
         else:
             parts["activations"] = int(layer)
@@ -309,21 +336,28 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
         parts["workspaces"] = RUNTIME_BYTES
         return parts
 
+    home = activations_home is True and training
     if bound is not None:
-        beside = sum(gpu_parts(0).values())          # all but the slots
+        beside = sum(gpu_parts(0, home).values())          # all but the slots
+        if beside + least > bound and activations_home == "auto" and training:
+            home = True                                    # what sending them home leaves
+            beside = sum(gpu_parts(0, home).values())
         if beside + least > bound:
-            taken = ", ".join(f"{k} {size_text(v)}" for k, v in gpu_parts(least).items())
+            taken_by = ", ".join(f"{k} {size_text(v)}" for k, v in gpu_parts(least, home).items())
             raise ValueError(
-                f"torch_uvm: {size_text(bound)} of GPU memory cannot hold this {WORDS[task]}: "
-                f"the least that works is {size_text(beside + least)} ({taken}). Raise "
-                f"gpu_memory, or lower batch or seq"
-                f"{', or checkpoint activations' if training and not checkpointing else ''}")
+                f"torch_uvm: {size_text(bound)} of GPU memory cannot hold this {WORDS[task]} "
+                f"at batch {batch} x {seq} tokens: the least that works is "
+                f"{size_text(beside + least)} ({taken_by}). Raise gpu_memory, or lower batch or "
+                f"seq{', or checkpoint activations' if training and not checkpointing else ''}"
+                f"{', or send activations home' if training and activations_home is False else ''}")
         chosen = min(bound - beside, weights)
     elif chosen is None:
         chosen = least
-    gpu = gpu_parts(chosen)
+    gpu = gpu_parts(chosen, home)
     if task == "full":     # weights, two states, and gradients unless they step in backward
         host = weights * (3 if step_in_backward else 4)
+    elif task == "lora" and trainable is not None:   # the adapters are among the weights:
+        host = weights + 3 * sum(trainable)              # their gradients and AdamW's states
     elif task == "lora":
         n_lora = L * 7 * lora_rank * (h + shape.intermediate)
         host = weights + n_lora * 4 * 4
@@ -340,5 +374,6 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
     floor = crossing / (rate * 1e9) if rate else None
     return Estimate(task=task, budget=chosen, gpu=gpu, host_pinned=host,
                     host=host + HOST_RUNTIME_BYTES, least_budget=least,
-                    least_gpu=sum(gpu_parts(least).values()), weights=weights,
-                    link_gbps=rate, floor_s=floor, per=per, tokens=tokens)
+                    least_gpu=sum(gpu_parts(least, home).values()), weights=weights,
+                    link_gbps=rate, floor_s=floor, per=per, tokens=tokens,
+                    activations_home=home, batch=batch, seq=seq)

@@ -16,7 +16,7 @@ import sys
 import types
 import warnings
 import weakref
-from typing import Dict, List, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -28,6 +28,7 @@ from .offload_units import Unit, direct_tensors as _direct_tensors, make_units, 
     unit_roots
 from .residency import cuda_device, end_lease, open_lease, span_bytes, get_residency_limit
 from .host_memory import host_room
+from .gpu_memory import ProcessBound
 from .sizes import bytes_or_fraction
 
 
@@ -381,6 +382,13 @@ class Offloaded:
         return optimizer
 
     @property
+    def bound(self):
+        """The bound on the process's GPU memory it was offloaded within
+        (gpu_memory.ProcessBound: its ``budget``, ``plan``, ``describe()``),
+        or None when it was given a budget."""
+        return self.state.bound
+
+    @property
     def offloaded(self) -> bool:
         """Whether the module is still offloaded: False after undo(), or
         after a ``.cpu()`` of it (which undoes it, as Lightning's teardown does)."""
@@ -539,6 +547,13 @@ def hook_forward(handle: Offloaded) -> None:
     after it runs), kept in its state's hooks for undo() to remove."""
     state = handle.state
     module, hooks = state.module, state.hooks
+    bound = state.bound
+    if bound is not None:     # first: a forward it refuses changes nothing
+        hooks.append(module.register_forward_pre_hook(
+            lambda _m, args, kwargs: bound.check(args, kwargs), with_kwargs=True))
+        hooks.append(module.register_forward_pre_hook(lambda _m, _a: bound.begin_forward()))
+        hooks.append(module.register_forward_hook(lambda _m, _a, _o: bound.end_forward(),
+                                                  always_call=True))
     hooks.append(module.register_forward_pre_hook(lambda _m, _a: _cast_cache_off(handle)))
     hooks.append(module.register_forward_pre_hook(
         lambda _m, args, kwargs: handle._begin(args, kwargs), with_kwargs=True))
@@ -735,7 +750,8 @@ def _home_for(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def offload(module: torch.nn.Module, budget: Union[int, str, None] = None, device=None,
             ahead: int = 1, mode: str = "auto", checkpoint=None, units=None,
-            progress=None) -> Offloaded:
+            progress=None, gpu_memory=None, batch: Optional[int] = None,
+            seq: Optional[int] = None) -> Offloaded:
     """Run `module` on `device` with at most `budget` bytes of its weights
     in GPU memory (an int, or a size such as ``"20GiB"``: sizes.py; a float
     in (0, 1]: that fraction of the device's residency limit, or of the
@@ -791,6 +807,14 @@ def offload(module: torch.nn.Module, budget: Union[int, str, None] = None, devic
     `progress`: pinning the homes and reading a checkpoint show a progress
     bar on stderr when they move 1 GiB or more (None, the default; hidden
     by TORCH_UVM_QUIET=1), always (True) or never (False): progress.py.
+    `gpu_memory`: instead of a budget, the most GPU memory the whole
+    process may take (a size, a float: that fraction of the card, or
+    "auto"), for a Hugging Face decoder-only model whose forwards run at
+    most `batch` sequences of `seq` tokens (a generation's: the prompt's
+    and the generated). It measures what the process holds now and chooses
+    the largest budget within it, refuses (naming the least that fits and
+    what takes it) before anything is pinned when none fits, and refuses
+    any later forward that would pass it before it runs (gpu_memory.py).
     Returns a handle whose ``undo()`` puts the module back."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"offload expects a torch.nn.Module, got {type(module).__name__}")
@@ -803,6 +827,12 @@ def offload(module: torch.nn.Module, budget: Union[int, str, None] = None, devic
     if mode not in MODES:
         raise ValueError(f"torch_uvm: offload mode must be one of {MODES}, got {mode!r}")
     _progress.check(progress)
+    if gpu_memory is not None and budget is not None:
+        raise ValueError("torch_uvm: offload takes a budget or gpu_memory, not both: "
+                         "gpu_memory chooses the budget within it")
+    if gpu_memory is None and (batch is not None or seq is not None):
+        raise ValueError("torch_uvm: offload's batch= and seq= size gpu_memory's plan; pass "
+                         "gpu_memory= with them (or neither)")
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("torch_uvm: cannot offload a module during a CUDA graph capture")
     device = cuda_device(device)
@@ -812,6 +842,10 @@ def offload(module: torch.nn.Module, budget: Union[int, str, None] = None, devic
         raise ValueError(f"torch_uvm: the module's tensors are on {sorted(map(str, devices))}; "
                          f"offload needs them on the CPU or on {device} alone. Move the module "
                          f"to one device first")
+    bound = None
+    if gpu_memory is not None:
+        bound = ProcessBound.plan_for(module, gpu_memory, device, batch, seq, ahead, units)
+        budget = bound.budget
     # (a fraction: of the GPU's residency limit, or of the managed memory cap)
     budget = bytes_or_fraction(budget, "budget",
                                lambda: get_residency_limit(device) or _C.memory_cap())
@@ -883,6 +917,7 @@ def offload(module: torch.nn.Module, budget: Union[int, str, None] = None, devic
             t.data = torch.empty(0, dtype=t.dtype, device=t.device)
     state = OffloadState(module, device, budget, ahead, mode, units,
                          host_step_module.HostSteps(device), {id(t) for t in originals.values()})
+    state.bound = bound
     handle = Offloaded(state, originals, lease)
     hook_forward(handle)
     for u in units:

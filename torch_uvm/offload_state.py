@@ -75,6 +75,7 @@ class OffloadState:
         self.gradient_hooks = None          # _C.GradientHooks, counting into lifecycle (install)
         self.hooks: list = []               # every hook it added (undo() removes them)
         self.replaced_ids = replaced_ids    # the ids of the module's tensors it replaced
+        self.bound = None                   # gpu_memory.ProcessBound, given gpu_memory
 
     @property
     def learned(self) -> bool:

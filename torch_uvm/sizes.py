@@ -6,7 +6,8 @@ activations' sizes) takes an int of bytes or a string with a unit:
 SI write them. A float in (0, 1] is a fraction of a whole each call names
 (bytes_or_fraction): the cap's of the free device memory seen at start, the
 residency limit's of the cap, a budget's of the GPU's residency limit (of
-the cap without one)."""
+the cap without one). The process's GPU memory (gpu_memory) also takes a
+fraction of the card's whole memory and "auto" (card_bytes)."""
 from __future__ import annotations
 
 import re
@@ -54,3 +55,33 @@ def bytes_or_fraction(value, what: str, whole):
     if value <= 0:
         raise ValueError(f"torch_uvm: the {what} must be positive, got {value}")
     return value
+
+
+AUTO_HEADROOM = 0.05     # "auto" leaves this share of the card to the driver and others
+
+
+def card_bytes(value, what: str, device=None):
+    """The GPU memory a process may take, as people write it: bytes (an int,
+    or a size string as parse_bytes takes it), a float in (0, 1] (that
+    fraction of the card's whole memory), or "auto" (the card's memory less
+    AUTO_HEADROOM of it, and less what other processes hold there now is
+    not told apart: the card is taken to be this process's); None as it
+    is. A fraction or "auto" reads the card (`device`, default the current
+    one), and without a GPU is refused by name."""
+    if value is None:
+        return None
+    auto = isinstance(value, str) and value.strip().lower() == "auto"
+    if auto or isinstance(value, float):
+        import torch
+        if not torch.cuda.is_available():
+            raise ValueError(f"torch_uvm: {what}={value!r} reads the card's memory, and there "
+                             f"is no GPU here: name a size such as '24GiB'")
+        total = torch.cuda.mem_get_info(device)[1]
+        if auto:
+            return int(total * (1 - AUTO_HEADROOM))
+    else:
+        total = None
+    try:
+        return bytes_or_fraction(value, what, total)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{err} (or 'auto': what the card can give)") from None

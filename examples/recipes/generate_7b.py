@@ -1,7 +1,7 @@
 """A 7B generating on a 24 GB card, from a Hugging Face model folder.
 
-torch_uvm.estimate chooses the largest budget that keeps the whole process
-within 24 GiB, before anything is loaded; the model is made on the meta
+offload(..., gpu_memory="24GiB") chooses the largest budget that keeps the
+whole process within 24 GiB, before anything is loaded; the model is made on the meta
 device and offload reads its weights from the folder's safetensors into
 pinned homes. No GPU: it prints the estimate and says what it would run.
 
@@ -14,7 +14,7 @@ import time
 import torch
 
 import torch_uvm
-from recipe import PeakGpuMemory, meta_model, plan, report
+from recipe import GPU_MEMORY, PeakGpuMemory, meta_model, plan, report
 
 
 def main(argv=None):
@@ -24,14 +24,16 @@ def main(argv=None):
     ap.add_argument("--prompt", type=int, default=512, help="tokens in each prompt")
     ap.add_argument("--new-tokens", type=int, default=32)
     args = ap.parse_args(argv)
-    chosen = plan(args.folder, "generate", "offload the model", batch=args.batch,
-                  seq=args.prompt, new_tokens=args.new_tokens)
-    if chosen is None:
+    gpu = plan(args.folder, "generate", "offload the model", batch=args.batch,
+               seq=args.prompt, new_tokens=args.new_tokens)
+    if not gpu:
         return
     with PeakGpuMemory() as memory:
         t0 = time.perf_counter()
         model = meta_model(args.folder).eval()
-        handle = torch_uvm.offload(model, budget=chosen.budget, checkpoint=args.folder)
+        handle = torch_uvm.offload(model, gpu_memory=GPU_MEMORY, batch=args.batch,
+                                   seq=args.prompt + args.new_tokens,
+                                   checkpoint=args.folder)
         vocab = model.config.vocab_size
         ids = torch.randint(0, vocab, (args.batch, args.prompt), device="cuda")
         with torch.no_grad():
@@ -44,7 +46,7 @@ def main(argv=None):
             torch.cuda.synchronize()
             seconds = time.perf_counter() - t1
     print(f"{args.batch * args.new_tokens / seconds:.1f} tokens/s at batch {args.batch} "
-          f"(budget {chosen.budget / 2**30:.1f} GiB); {first:.1f} s from start to the first token")
+          f"({handle.bound.describe()}); {first:.1f} s from start to the first token")
     report("generate", memory.peak)
     handle.undo()
 

@@ -1,7 +1,7 @@
 """LoRA fine-tuning of a 7B on a 24 GB card, from a Hugging Face model folder.
 
-torch_uvm.estimate chooses the largest budget that keeps the whole process
-within 24 GiB, before anything is loaded. The base is made on the meta
+offload(..., gpu_memory="24GiB") chooses the largest budget that keeps the
+whole process within 24 GiB, before anything is loaded. The base is made on the meta
 device, PEFT adds rank-16 adapters to every projection, and offload reads
 the base's weights from the folder by their base names. No GPU: it prints
 the estimate and says what it would run.
@@ -16,7 +16,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 import torch_uvm
-from recipe import PeakGpuMemory, meta_model, plan, print_steps, report, train
+from recipe import GPU_MEMORY, PeakGpuMemory, meta_model, plan, print_steps, report, train
 
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -45,17 +45,18 @@ def main(argv=None):
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=4)
     args = ap.parse_args(argv)
-    chosen = plan(args.folder, "lora", "train the adapters", batch=args.batch, seq=args.seq)
-    if chosen is None:
+    gpu = plan(args.folder, "lora", "train the adapters", batch=args.batch, seq=args.seq)
+    if not gpu:
         return
     with PeakGpuMemory() as memory:
         t0 = time.perf_counter()
         model = lora_model(args.folder)
-        handle = torch_uvm.offload(model, budget=chosen.budget, checkpoint=args.folder)
+        handle = torch_uvm.offload(model, gpu_memory=GPU_MEMORY, batch=args.batch, seq=args.seq,
+                                   checkpoint=args.folder)
         optimizer = handle.stream_optimizer(torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True))
         times = train(model, optimizer, args.batch, args.seq, args.steps, t0)
-    print_steps(times, args.batch, args.seq, chosen.budget)
+    print_steps(times, args.batch, args.seq, handle.bound)
     report("LoRA", memory.peak)
     handle.undo()
 

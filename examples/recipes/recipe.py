@@ -18,10 +18,12 @@ GiB = 1 << 30
 GPU_MEMORY = 24 * GiB
 
 
-def plan(folder: str, task: str, would: str, **estimate):
+def plan(folder: str, task: str, would: str, **estimate) -> bool:
     """Prints the estimate of `task` (torch_uvm.estimate's, `estimate` its
     other arguments) with the largest budget that keeps the process within
-    GPU_MEMORY; returns it, or None without a GPU, saying what it `would` do."""
+    GPU_MEMORY (offload's gpu_memory then measures what the process holds
+    and chooses its own); returns whether a GPU is here, saying without one
+    what it `would` do."""
     gpu = torch.cuda.is_available()
     found = torch_uvm.estimate(folder, task=task, gpu_memory=GPU_MEMORY, dtype="bfloat16",
                                link_gbps="measure" if gpu else None, **estimate)
@@ -30,8 +32,8 @@ def plan(folder: str, task: str, would: str, **estimate):
         print(f"no GPU here: with one, it would {would} within that budget and print "
               f"tokens/s, the time to the {'first token' if task == 'generate' else 'first step'}"
               f" and the memory it took")
-        return None
-    return found
+        return False
+    return True
 
 
 def meta_model(folder: str):
@@ -91,7 +93,7 @@ def train(model, optimizer, batch: int, seq: int, steps: int, start: float) -> l
     return times
 
 
-def print_steps(times: list, batch: int, seq: int, budget: int) -> None:
+def print_steps(times: list, batch: int, seq: int, bound) -> None:
     print(f"{batch * seq / min(times[1:] or times):.0f} tokens/s (the fastest step) at batch "
           f"{batch} x {seq} "
-          f"(budget {budget / GiB:.1f} GiB); {times[0]:.1f} s from start to the first step's end")
+          f"({bound.describe()}); {times[0]:.1f} s from start to the first step's end")

@@ -66,12 +66,63 @@ def test_gpu_memory_chooses_the_largest_budget_within_it():
     # more than the weights need: the budget is the weights, the process less than the bound
     roomy = estimate(TINY, task="full", batch=2, seq=64, gpu_memory="64GiB", link_gbps=None)
     assert roomy.budget == roomy.weights and roomy.gpu_total < 64 << 30
-    with pytest.raises(ValueError, match=r"cannot hold this full fine-tune: the least that works "
-                                         r"is .*slots .*activations"):
+    with pytest.raises(ValueError, match=r"cannot hold this full fine-tune at batch 2 x 64 "
+                                         r"tokens: the least that works is .*slots .*activations"):
         estimate(TINY, task="full", batch=2, seq=64, gpu_memory=least.least_gpu - 1,
                  link_gbps=None)
     with pytest.raises(ValueError, match="not both"):
         estimate(TINY, budget="1MiB", gpu_memory="1GiB", link_gbps=None)
+
+
+def test_what_the_process_holds_before_counts_and_activations_go_home_only_when_they_must():
+    """offload's gpu_memory measures what the process holds already (its
+    CUDA context): a part of its own, so the budget is that much less. With
+    activations_home="auto", saved activations go home only when the bound
+    cannot hold them on the GPU, leaving at most two of offload_activations'
+    windows of them there."""
+    from torch_uvm.estimate import ACTIVATIONS_WINDOW
+    big = dict(task="full", batch=1024, seq=1024, link_gbps=None)
+    free = estimate(TINY, gpu_memory="64GiB", **big)
+    held = estimate(TINY, gpu_memory="64GiB", taken=3 << 30, **big)
+    assert held.gpu["held before the offload"] == 3 << 30 and "held before" not in str(free.gpu)
+    assert held.gpu_total == free.gpu_total + (3 << 30)
+    on_gpu = estimate(TINY, budget=free.least_budget, **big)
+    home = estimate(TINY, budget=free.least_budget, activations_home=True, **big)
+    saved = 2 * 1024 * 1024 * 256 * 4    # each layer's input: layers x tokens x hidden, fp32
+    assert saved > 2 * ACTIVATIONS_WINDOW and home.activations_home
+    assert on_gpu.gpu["activations"] - home.gpu["activations"] == saved - 2 * ACTIVATIONS_WINDOW
+    between = (home.least_gpu + on_gpu.least_gpu) // 2
+    with pytest.raises(ValueError, match="or send activations home"):
+        estimate(TINY, gpu_memory=between, **big)
+    chosen = estimate(TINY, gpu_memory=between, activations_home="auto", **big)
+    assert chosen.activations_home and chosen.gpu_total <= between
+    assert "saved activations home" in chosen.table()
+    roomy = estimate(TINY, gpu_memory="64GiB", activations_home="auto", **big)
+    assert not roomy.activations_home
+    generating = estimate(TINY, task="generate", gpu_memory="64GiB", activations_home=True,
+                          link_gbps=None)
+    assert not generating.activations_home
+    for bad in (dict(activations_home="yes"), dict(taken=-1), dict(taken=1.5)):
+        with pytest.raises(ValueError, match="activations_home|taken"):
+            estimate(TINY, link_gbps=None, **bad)
+
+
+def test_gpu_memory_as_people_write_it():
+    """A size, bytes; a fraction of the card or "auto" need the card, and
+    without a GPU say so; a bad string names the forms, "auto" among them."""
+    from torch_uvm.sizes import card_bytes
+    assert card_bytes("24GiB", "gpu_memory") == 24 << 30
+    assert card_bytes(5 << 30, "gpu_memory") == 5 << 30 and card_bytes(None, "x") is None
+    with pytest.raises(ValueError, match="'auto'"):
+        card_bytes("24 gigs", "gpu_memory")
+    if not torch.cuda.is_available():
+        for v in ("auto", 0.5):
+            with pytest.raises(ValueError, match="no GPU here"):
+                card_bytes(v, "gpu_memory")
+    else:
+        total = torch.cuda.mem_get_info()[1]
+        assert card_bytes(0.5, "gpu_memory") == total // 2
+        assert total * 0.9 < card_bytes("auto", "gpu_memory") < total
 
 
 def test_a_model_that_fits_whole_is_bounded_by_no_link():

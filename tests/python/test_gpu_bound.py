@@ -1,0 +1,179 @@
+"""offload's gpu_memory on a GPU, as users write it: the process's GPU
+memory, measured apart from torch_uvm's books (``mem_get_info`` sampled
+every millisecond, and PyTorch's allocator's peak beside what the process
+held outside it before), stays within the bound while a Llama-architecture
+model streams, for a generation, a LoRA-style fine-tune with activation
+checkpointing, and a full fine-tune whose saved activations go home; a
+bound too small, and a forward beyond the plan, are refused before
+anything changes. The generation's and the fine-tune's bounds are chosen
+so that the model streams (its budget a third of its weights)."""
+import threading
+
+import pytest
+import torch
+
+import torch_uvm
+from conftest import gpu
+from offload_helpers import undo_leftover_offloads
+
+pytestmark = gpu
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_streamed():
+    yield
+    if torch.cuda.is_available():
+        undo_leftover_offloads()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def llama(dtype=torch.float32):
+    config = transformers.LlamaConfig(hidden_size=1024, intermediate_size=2816,
+                                      num_hidden_layers=8, num_attention_heads=16,
+                                      num_key_value_heads=16, vocab_size=32000)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).to(dtype)
+
+
+def held_now() -> int:
+    """The process's GPU memory now (the card is the test's alone)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+class ProcessPeak:
+    """``with ProcessPeak() as p: ...``, then ``p.peak``: the larger of the
+    sampled ``mem_get_info`` and the allocator's peak beside what the
+    process held outside it at the start."""
+
+    def __enter__(self):
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        self.outside = total - free - torch.cuda.memory_reserved()
+        torch.cuda.reset_peak_memory_stats()
+        self.sampled, self._done = total - free, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._done.wait(0.001):
+            free, total = torch.cuda.mem_get_info()
+            self.sampled = max(self.sampled, total - free)
+
+    def __exit__(self, *_):
+        torch.cuda.synchronize()
+        self._done.set()
+        self._thread.join()
+        self.allocator = self.outside + torch.cuda.max_memory_reserved()
+        self.peak = max(self.sampled, self.allocator)
+
+
+def bound_streaming(model, task, batch, seq, **options):
+    """A gpu_memory whose budget is a third of the weights (so they
+    stream), for what the process holds now."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    est = torch_uvm.estimate(model, task=task, budget=weights // 3, batch=batch, seq=seq,
+                             new_tokens=0, autocast=False, link_gbps=None, taken=held_now(),
+                             **options)
+    return est.gpu_total + SLACK, weights
+
+
+SLACK = 64 << 20    # (what the process holds may move a little between here and offload's look)
+
+
+def test_a_generation_stays_within_its_bound_and_makes_the_resident_tokens():
+    model = llama(torch.bfloat16).eval()
+    prompt = torch.randint(0, 32000, (4, 64), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        resident = model.cuda().generate(prompt.cuda(), max_new_tokens=32, do_sample=False)
+    model.cpu()
+    bound, weights = bound_streaming(model, "generate", 4, 96, checkpointing=False)
+    handle = torch_uvm.offload(model, gpu_memory=bound, batch=4, seq=96)
+    assert handle.state.bound.budget < weights
+    with ProcessPeak() as p, torch.no_grad():
+        tokens = model.generate(prompt.cuda(), max_new_tokens=32, do_sample=False)
+    assert torch.equal(tokens, resident)
+    assert p.peak <= bound, (p.sampled, p.allocator, bound)
+    handle.undo()
+
+
+def lora_style(model):
+    for name, param in model.named_parameters():
+        param.requires_grad_(name.endswith(("q_proj.weight", "v_proj.weight")))
+    return model
+
+
+def train(model, handle, batch, seq, steps=3):
+    optimizer = handle.stream_optimizer(torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=1e-4))
+    losses = []
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(steps):
+        ids = torch.randint(0, 32000, (batch, seq), generator=gen).cuda()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def test_a_checkpointed_lora_style_fine_tune_stays_within_its_bound():
+    model = lora_style(llama()).train()
+    model.config.use_cache = False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    bound, weights = bound_streaming(model, "lora", 4, 512, checkpointing=True)
+    handle = torch_uvm.offload(model, gpu_memory=bound, batch=4, seq=512)
+    assert handle.state.bound.plan.task == "lora" and handle.state.bound.budget < weights
+    assert not handle.state.bound.plan.activations_home
+    with ProcessPeak() as p:
+        losses = train(model, handle, 4, 512)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert p.peak <= bound, (p.sampled, p.allocator, bound)
+
+
+def test_a_full_fine_tune_sends_its_activations_home_to_stay_within_its_bound():
+    """Without checkpointing, a bound that holds the slots but not the
+    saved activations: they go home (offload_activations), and the
+    process stays within it."""
+    model = llama().train()
+    model.config.use_cache = False
+    batch, seq = 8, 512
+    taken = held_now()
+    common = dict(task="full", batch=batch, seq=seq, autocast=False, checkpointing=False,
+                  new_tokens=0, link_gbps=None, taken=taken)
+    on_gpu = torch_uvm.estimate(model, **common)
+    home = torch_uvm.estimate(model, activations_home=True, **common)
+    bound = (home.least_gpu + on_gpu.least_gpu) // 2
+    handle = torch_uvm.offload(model, gpu_memory=bound, batch=batch, seq=seq)
+    assert handle.state.bound.plan.activations_home
+    with ProcessPeak() as p:
+        losses = train(model, handle, batch, seq, steps=2)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert p.peak <= bound, (p.sampled, p.allocator, bound)
+
+
+def test_a_bound_too_small_and_a_forward_beyond_the_plan_change_nothing():
+    model = llama(torch.bfloat16).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    taken = held_now()
+    with pytest.raises(ValueError, match=r"cannot hold this generation at batch 4 x 96 tokens: "
+                                         r"the least that works is .*held before the offload"):
+        torch_uvm.offload(model, gpu_memory=taken + (1 << 20), batch=4, seq=96)
+    assert getattr(model, "_torch_uvm_offloaded", None) is None
+    assert all(t.device.type == "cpu" for t in model.state_dict().values())
+    bound, _ = bound_streaming(model, "generate", 1, 64, checkpointing=False)
+    handle = torch_uvm.offload(model, gpu_memory=bound, batch=1, seq=64)
+    big = torch.zeros(256, 4096, dtype=torch.long, device="cuda")
+    with torch.no_grad(), pytest.raises(ValueError, match="Nothing of it ran"):
+        model(big)
+    with torch.no_grad():
+        out = model(torch.zeros(1, 64, dtype=torch.long, device="cuda")).logits
+    assert torch.isfinite(out.float()).all()
+    handle.undo()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

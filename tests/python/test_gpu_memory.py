@@ -1,0 +1,136 @@
+"""offload's gpu_memory without a GPU: what it reads of the module (the
+task, a forward's tokens), what it refuses before anything is pinned, and
+its check of each forward against the plan (gpu_memory.py). The bound's
+memory, measured, is test_gpu_bound.py's."""
+import inspect
+
+import pytest
+import torch
+
+from torch_uvm.estimate import estimate
+from torch_uvm.gpu_memory import ProcessBound, task_of, tokens_of
+
+transformers = pytest.importorskip("transformers")
+
+
+def tiny_llama(**extra):
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      vocab_size=128, **extra)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config)
+
+
+def bound_for(model, limit, batch, seq, taken=0):
+    """The bound offload would make, with `taken` held before (what
+    plan_for measures with mem_get_info)."""
+    options = dict(checkpointing=False, ahead=1, units="submodules", autocast=False,
+                   new_tokens=0, link_gbps=None, taken=taken, activations_home="auto")
+    plan = estimate(model, task=task_of(model), gpu_memory=limit, batch=batch, seq=seq,
+                    **options)
+    options["activations_home"] = plan.activations_home
+    return ProcessBound(model, limit, taken, plan, options)
+
+
+def test_the_task_is_read_from_the_module():
+    model = tiny_llama()
+    assert task_of(model.train()) == "full"
+    assert task_of(model.eval()) == "generate"
+    model.train()
+    for name, p in model.named_parameters():
+        p.requires_grad_("q_proj" in name)
+    assert task_of(model) == "lora"
+    for p in model.parameters():
+        p.requires_grad_(False)
+    assert task_of(model) == "generate"
+
+
+def test_a_forwards_tokens_count_what_its_cache_holds():
+    ids = torch.zeros(3, 7, dtype=torch.long)
+    assert tokens_of((ids,), {}) == (3, 7)
+    assert tokens_of((), {"input_ids": ids}) == (3, 7)
+    assert tokens_of((), {"inputs_embeds": torch.zeros(2, 5, 64)}) == (2, 5)
+    assert tokens_of((torch.zeros(4),), {}) is None and tokens_of((), {}) is None
+    cache = transformers.DynamicCache()
+    model = tiny_llama().eval()
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else \
+        "past_key_values"     # (transformers' later name for it)
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=True, **{name: cache})
+    assert tokens_of((), {"input_ids": ids[:, :1], name: cache}) == (3, 8)
+
+
+def test_a_forward_beyond_the_plan_is_refused_before_it_runs_and_one_within_passes():
+    model = tiny_llama().train()
+    least = estimate(model, task="full", batch=2, seq=16, link_gbps=None, taken=0,
+                     autocast=False, checkpointing=False)
+    bound = bound_for(model, least.least_gpu + (1 << 20), batch=2, seq=16)
+    assert bound.budget == least.least_budget + (1 << 20) or bound.budget == least.weights
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    bound.check((ids,), {})                       # the plan's own shape
+    bound.check((ids[:1, :8],), {})               # smaller
+    with pytest.raises(ValueError, match=r"full fine-tune, batch 64 x 1024 tokens\) would take "
+                                         r"about .* above the offload's gpu_memory .* planned "
+                                         r"for batch 2 x 16 .*Nothing of it ran"):
+        bound.check((torch.zeros(64, 1024, dtype=torch.long),), {})
+    with torch.no_grad():         # a generation after a training plan: estimated as one
+        bound.check((ids[:1],), {})
+        with pytest.raises(ValueError, match=r"\(generation, batch 512 x 4096 tokens\)"):
+            bound.check((torch.zeros(512, 4096, dtype=torch.long),), {})
+
+
+def test_a_bound_too_small_is_refused_naming_the_least_and_what_takes_it():
+    model = tiny_llama().train()
+    with pytest.raises(ValueError, match=r"cannot hold this full fine-tune at batch 8 x 512 "
+                                         r"tokens: the least that works is .*held before the "
+                                         r"offload 1.00 GiB, slots"):
+        bound_for(model, 1 << 30, batch=8, seq=512, taken=1 << 30)
+
+
+def test_training_without_checkpointing_sends_activations_home_when_it_must():
+    """Where the activations do not fit on the GPU beside the slots but fit
+    home, the plan sends them home, and the bound enters
+    offload_activations for each forward that builds a graph (not one
+    without grad), leaving it at the forward's end."""
+    model = tiny_llama().train()
+    big = dict(batch=512, seq=1024)
+    on_gpu = estimate(model, task="full", link_gbps=None, taken=0, autocast=False,
+                      checkpointing=False, **big)
+    home = estimate(model, task="full", link_gbps=None, taken=0, autocast=False,
+                    checkpointing=False, activations_home=True, **big)
+    bound = bound_for(model, (home.least_gpu + on_gpu.least_gpu) // 2, **big)
+    assert bound.plan.activations_home and "saved activations home" in bound.describe()
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks
+    bound.begin_forward()
+    assert hooks(False) is not None
+    bound.end_forward()
+    assert hooks(False) is None
+    with torch.no_grad():
+        bound.begin_forward()
+        assert hooks(False) is None
+        bound.end_forward()
+    roomy = bound_for(model, on_gpu.least_gpu * 4, **big)
+    assert not roomy.plan.activations_home
+
+
+def test_what_gpu_memory_cannot_size_is_refused_before_the_card_is_read():
+    model = tiny_llama()
+    cpu = torch.device("cpu")    # (each is refused before mem_get_info would be read)
+    for batch, seq, match in ((None, 16, "pass batch="), (2, 0, "pass seq="),
+                              (2, True, "pass seq=")):
+        with pytest.raises(ValueError, match=match):
+            ProcessBound.plan_for(model, "8GiB", cpu, batch, seq, 1, None)
+    with pytest.raises(ValueError, match="Hugging Face model's config"):
+        ProcessBound.plan_for(torch.nn.Linear(4, 4), "8GiB", cpu, 1, 16, 1, None)
+    with pytest.raises(ValueError, match="'auto'"):
+        ProcessBound.plan_for(model, "eight gigs", cpu, 1, 16, 1, None)
+
+
+def test_offload_refuses_a_budget_beside_gpu_memory_and_a_plan_without_it():
+    import torch_uvm
+    model = tiny_llama()
+    with pytest.raises(ValueError, match="a budget or gpu_memory, not both"):
+        torch_uvm.offload(model, budget="1GiB", gpu_memory="8GiB", batch=1, seq=16)
+    with pytest.raises(ValueError, match="pass gpu_memory= with them"):
+        torch_uvm.offload(model, budget="1GiB", seq=16)
+    assert getattr(model, "_torch_uvm_offloaded", None) is None
