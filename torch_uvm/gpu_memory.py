@@ -73,6 +73,7 @@ class ProcessBound:
         self._fits: Dict[Tuple[str, int, int], Estimate] = {}
         self._activations = offload_activations() if plan.activations_home else None
         self._entered = False
+        self._depth = 0            # forwards of the module begun and not ended (nested ones)
 
     @classmethod
     def plan_for(cls, module: torch.nn.Module, gpu_memory, device: torch.device, batch,
@@ -146,14 +147,20 @@ class ProcessBound:
                 f"sequence, or offload again with the batch= and seq= it needs")
 
     def begin_forward(self) -> None:
-        """Saved activations go home from here to the forward's end, when
-        the plan chose so and the forward builds a graph."""
-        if self._activations is not None and torch.is_grad_enabled() and not self._entered:
+        """Saved activations go home from here to the outermost forward's
+        end, when the plan chose so and that forward builds a graph."""
+        self._depth += 1
+        if self._depth == 1 and self._activations is not None and torch.is_grad_enabled():
             self._activations.__enter__()
             self._entered = True
 
     def end_forward(self) -> None:
-        if self._entered:
+        """After each forward, an exception's included (a forward its check
+        refused never began: it ends nothing)."""
+        if self._depth == 0:
+            return
+        self._depth -= 1
+        if self._depth == 0 and self._entered:
             self._entered = False
             self._activations.__exit__(None, None, None)
 

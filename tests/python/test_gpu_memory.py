@@ -109,6 +109,14 @@ def test_training_without_checkpointing_sends_activations_home_when_it_must():
         bound.begin_forward()
         assert hooks(False) is None
         bound.end_forward()
+    bound.begin_forward()                 # a forward inside the forward: one context,
+    bound.begin_forward()                 # left at the outer one's end
+    bound.end_forward()
+    assert hooks(False) is not None
+    bound.end_forward()
+    assert hooks(False) is None
+    bound.end_forward()                   # (a refused forward's end: nothing to leave)
+    assert hooks(False) is None
     roomy = bound_for(model, on_gpu.least_gpu * 4, **big)
     assert not roomy.plan.activations_home
 
