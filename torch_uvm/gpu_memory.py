@@ -74,6 +74,7 @@ class ProcessBound:
         self._activations = offload_activations() if plan.activations_home else None
         self._entered = False
         self._depth = 0            # forwards of the module begun and not ended (nested ones)
+        self._refused = 0          # forwards its check refused, whose ends are still to come
 
     @classmethod
     def plan_for(cls, module: torch.nn.Module, gpu_memory, device: torch.device, batch,
@@ -81,7 +82,6 @@ class ProcessBound:
         """The bound `gpu_memory` (sizes.card_bytes) for `module` running
         `batch` sequences of `seq` tokens on `device`, or ValueError naming
         what was wrong (before anything is pinned)."""
-        limit = card_bytes(gpu_memory, "gpu_memory", device)
         for name, v in (("batch", batch), ("seq", seq)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(
@@ -93,10 +93,16 @@ class ProcessBound:
                              "Hugging Face model's config (module.config), and this module has "
                              "none: pass budget= instead (estimate a similar config with "
                              "torch_uvm.estimate to choose it)")
+        limit = card_bytes(gpu_memory, "gpu_memory", device)
         torch.cuda.synchronize(device)     # (what PyTorch's allocator caches unused is
         torch.cuda.empty_cache()           #  given back first: the estimate counts its own)
         free, total = torch.cuda.mem_get_info(device)
-        taken = total - free
+        # (the module's own tensors on this GPU leave it as they move into their
+        # homes: the estimate counts them again as slots)
+        own = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+               for t in list(module.parameters()) + list(module.buffers())
+               if t.device == device}
+        taken = max(0, total - free - sum(own.values()))
         task = task_of(module)
         checkpointing = bool(getattr(module, "is_activation_checkpointing",   # (transformers'
                                  getattr(module, "is_gradient_checkpointing", False)))  # old name)
@@ -106,7 +112,10 @@ class ProcessBound:
                        # (a checkpointed layer's input is held by checkpoint itself,
                        # out of offload_activations' reach)
                        activations_home=False if checkpointing else "auto")
-        plan = estimate(module, task=task, gpu_memory=limit, batch=batch, seq=seq, **options)
+        try:
+            plan = estimate(module, task=task, gpu_memory=limit, batch=batch, seq=seq, **options)
+        except ValueError as err:    # (offload sends no checkpointed layer's input home)
+            raise ValueError(str(err).replace(", or send activations home", "")) from None
         options["activations_home"] = plan.activations_home
         return cls(module, limit, taken, plan, options)
 
@@ -133,18 +142,25 @@ class ProcessBound:
         if shape is None:
             return
         batch, seq = shape
-        task = self.plan.task if torch.is_grad_enabled() else "generate"
-        if task == self.plan.task and batch <= self.plan.batch and seq <= self.plan.seq:
-            return
+        # (a training forward: the task the module is in now, which may not be
+        # the plan's: a model offloaded in eval() and then trained)
+        task = task_of(self.module) if torch.is_grad_enabled() else "generate"
+        if batch <= self.plan.batch and seq <= self.plan.seq:
+            if task == self.plan.task:
+                return
+            if self._estimate(task, self.plan.batch, self.plan.seq).gpu_total <= self.limit:
+                return      # (the planned shape fits this task too: so does a smaller one)
         found = self._estimate(task, batch, seq)   # (beyond the plan: once a shape)
         if found.gpu_total > self.limit:
+            self._refused += 1     # (its end is still called: it ends nothing)
             parts = ", ".join(f"{k} {size_text(v)}" for k, v in found.gpu.items())
             raise ValueError(
                 f"torch_uvm: this forward ({WORDS[task]}, batch {batch} x {seq} tokens) would "
                 f"take about {size_text(found.gpu_total)} of GPU memory, above the offload's "
                 f"gpu_memory of {size_text(self.limit)}, planned for batch {self.plan.batch} x "
-                f"{self.plan.seq} ({parts}). Nothing of it ran: lower the batch or the "
-                f"sequence, or offload again with the batch= and seq= it needs")
+                f"{self.plan.seq} as a {WORDS[self.plan.task]} ({parts}). Nothing of it ran: "
+                f"lower the batch or the sequence, or undo() and offload again with the "
+                f"batch= and seq= it needs (in train() for training)")
 
     def begin_forward(self) -> None:
         """Saved activations go home from here to the outermost forward's
@@ -157,10 +173,22 @@ class ProcessBound:
     def end_forward(self) -> None:
         """After each forward, an exception's included (a forward its check
         refused never began: it ends nothing)."""
+        if self._refused:
+            self._refused -= 1
+            return
         if self._depth == 0:
             return
         self._depth -= 1
         if self._depth == 0 and self._entered:
+            self._entered = False
+            self._activations.__exit__(None, None, None)
+
+    def close(self) -> None:
+        """At undo(): leaves the activations' context if a forward left it
+        entered (one interrupted by a KeyboardInterrupt, which forward hooks
+        that always run do not see)."""
+        self._depth = self._refused = 0
+        if self._entered:
             self._entered = False
             self._activations.__exit__(None, None, None)
 

@@ -433,6 +433,8 @@ class Offloaded:
         if self._final_stats is not None:
             return
         state = self.state
+        if state.bound is not None:
+            state.bound.close()
         state.host_steps.wait()               # the homes are written no more
         if state.executor is not None:
             state.executor.evict_all()

@@ -142,3 +142,57 @@ def test_offload_refuses_a_budget_beside_gpu_memory_and_a_plan_without_it():
     with pytest.raises(ValueError, match="pass gpu_memory= with them"):
         torch_uvm.offload(model, budget="1GiB", seq=16)
     assert getattr(model, "_torch_uvm_offloaded", None) is None
+
+
+def test_a_model_planned_for_generation_then_trained_is_checked_as_training():
+    """Offloaded in eval() (as from_pretrained leaves it), then train(): a
+    training forward at the planned shape is estimated as training and
+    refused when that passes the bound, naming the plan's task."""
+    model = tiny_llama().eval()
+    shape = dict(batch=64, seq=512)
+    generation = estimate(model, task="generate", link_gbps=None, taken=0, autocast=False,
+                          checkpointing=False, new_tokens=0, **shape)
+    bound = bound_for(model, generation.least_gpu + (1 << 20), **shape)
+    assert bound.plan.task == "generate"
+    ids = torch.zeros(64, 512, dtype=torch.long)
+    with torch.no_grad():
+        bound.check((ids,), {})
+    model.train()
+    with pytest.raises(ValueError, match=r"\(full fine-tune, batch 64 x 512 tokens\).*planned "
+                                         r"for batch 64 x 512 as a generation.*undo\(\)"):
+        bound.check((ids,), {})
+
+
+def test_generation_under_a_training_plan_is_estimated_once(monkeypatch):
+    """Each token of a generation has a new length: within the planned shape
+    the generation is estimated once, at that shape, not once a token."""
+    import torch_uvm.gpu_memory as gm
+    model = tiny_llama().train()
+    bound = bound_for(model, 64 << 30, batch=2, seq=64)
+    calls = []
+    real = gm.estimate
+    monkeypatch.setattr(gm, "estimate", lambda *a, **k: calls.append(k) or real(*a, **k))
+    with torch.no_grad():
+        for length in range(1, 40):
+            bound.check((torch.zeros(2, length, dtype=torch.long),), {})
+    assert len(calls) == 1 and calls[0]["task"] == "generate" and calls[0]["seq"] == 64
+
+
+def test_a_refused_forward_inside_another_ends_nothing_and_undo_leaves_the_context():
+    model = tiny_llama().train()
+    big = dict(batch=512, seq=1024)
+    on_gpu = estimate(model, task="full", link_gbps=None, taken=0, autocast=False,
+                      checkpointing=False, **big)
+    home = estimate(model, task="full", link_gbps=None, taken=0, autocast=False,
+                    checkpointing=False, activations_home=True, **big)
+    bound = bound_for(model, (home.least_gpu + on_gpu.least_gpu) // 2, **big)
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks
+    bound.begin_forward()                             # the outer forward
+    with pytest.raises(ValueError, match="Nothing of it ran"):
+        bound.check((torch.zeros(4096, 4096, dtype=torch.long),), {})   # an inner one, refused
+    bound.end_forward()                               # (its end, called all the same)
+    assert hooks(False) is not None                   # the outer one's context stays
+    bound.close()                                     # undo() after an interrupted forward
+    assert hooks(False) is None
+    bound.end_forward()
+    assert hooks(False) is None
