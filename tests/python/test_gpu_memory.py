@@ -32,6 +32,18 @@ def bound_for(model, limit, batch, seq, taken=0):
     return ProcessBound(model, limit, taken, plan, options)
 
 
+def bound_sending_home(model):
+    """A bound between what a full fine-tune at batch 512 x 1024 without
+    checkpointing needs with its saved activations home and without: the
+    bound, and the estimate without."""
+    big = dict(batch=512, seq=1024)
+    on_gpu = estimate(model, task="full", link_gbps=None, taken=0, autocast=False,
+                      checkpointing=False, **big)
+    home = estimate(model, task="full", link_gbps=None, taken=0, autocast=False,
+                    checkpointing=False, activations_home=True, **big)
+    return bound_for(model, (home.least_gpu + on_gpu.least_gpu) // 2, **big), on_gpu
+
+
 def test_the_task_is_read_from_the_module():
     model = tiny_llama()
     assert task_of(model.train()) == "full"
@@ -93,12 +105,7 @@ def test_training_without_checkpointing_sends_activations_home_when_it_must():
     offload_activations for each forward that builds a graph (not one
     without grad), leaving it at the forward's end."""
     model = tiny_llama().train()
-    big = dict(batch=512, seq=1024)
-    on_gpu = estimate(model, task="full", link_gbps=None, taken=0, autocast=False,
-                      checkpointing=False, **big)
-    home = estimate(model, task="full", link_gbps=None, taken=0, autocast=False,
-                    checkpointing=False, activations_home=True, **big)
-    bound = bound_for(model, (home.least_gpu + on_gpu.least_gpu) // 2, **big)
+    bound, on_gpu = bound_sending_home(model)
     assert bound.plan.activations_home and "saved activations home" in bound.describe()
     hooks = torch._C._autograd._top_saved_tensors_default_hooks
     bound.begin_forward()
@@ -117,7 +124,7 @@ def test_training_without_checkpointing_sends_activations_home_when_it_must():
     assert hooks(False) is None
     bound.end_forward()                   # (a refused forward's end: nothing to leave)
     assert hooks(False) is None
-    roomy = bound_for(model, on_gpu.least_gpu * 4, **big)
+    roomy = bound_for(model, on_gpu.least_gpu * 4, batch=512, seq=1024)
     assert not roomy.plan.activations_home
 
 
@@ -180,12 +187,7 @@ def test_generation_under_a_training_plan_is_estimated_once(monkeypatch):
 
 def test_a_refused_forward_inside_another_ends_nothing_and_undo_leaves_the_context():
     model = tiny_llama().train()
-    big = dict(batch=512, seq=1024)
-    on_gpu = estimate(model, task="full", link_gbps=None, taken=0, autocast=False,
-                      checkpointing=False, **big)
-    home = estimate(model, task="full", link_gbps=None, taken=0, autocast=False,
-                    checkpointing=False, activations_home=True, **big)
-    bound = bound_for(model, (home.least_gpu + on_gpu.least_gpu) // 2, **big)
+    bound, on_gpu = bound_sending_home(model)
     hooks = torch._C._autograd._top_saved_tensors_default_hooks
     bound.begin_forward()                             # the outer forward
     with pytest.raises(ValueError, match="Nothing of it ran"):
