@@ -204,12 +204,17 @@ def measure_link_gbps(nbytes: int = 256 << 20) -> Optional[float]:
     return best
 
 
-def module_units(module, units: str, trainable: bool = False):
+def module_units(module, units: str):
     """The bytes of each unit offload() would make of `module` (its own
     tensors; tied ones once): each submodule, or with ``units="layers"``
-    the classes its ``_no_split_modules`` names. `trainable`: the bytes of
-    each unit's parameters that require grad instead. Any other `units`
-    is offload()'s own (classes, names, a function)."""
+    the classes its ``_no_split_modules`` names. Any other `units` is
+    offload()'s own (classes, names, a function)."""
+    return [nbytes for nbytes, _ in unit_sizes(module, units)]
+
+
+def unit_sizes(module, units: str):
+    """(bytes, bytes of the parameters that require grad) of each unit, as
+    module_units makes them, in one walk of the module."""
     from .offload_units import make_units, offload_plan, unit_roots
     if units == "layers":
         names = getattr(module, "_no_split_modules", None)
@@ -224,7 +229,7 @@ def module_units(module, units: str, trainable: bool = False):
     made = make_units(plan, unit_roots(module, matched), shared)
     for u in made:     # (offload fills them in as it installs; here, as it would)
         u.trainable = [t for t in u.targets if isinstance(t, torch.nn.Parameter) and t.requires_grad]
-    return [u.trainable_bytes if trainable else u.nbytes for u in made]
+    return [(u.nbytes, u.trainable_bytes) for u in made]
 
 
 def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch: int = 1,
@@ -289,9 +294,10 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
     training = task != "generate"
     h, L, V = shape.hidden, shape.layers, shape.vocab
     if module is not None:     # its units as offload() would make them, measured
-        sizes = module_units(module, units)
+        measured = unit_sizes(module, units)
+        sizes = [nbytes for nbytes, _ in measured]
         weights, largest = sum(sizes), max(sizes)
-        trainable = module_units(module, units, trainable=True) if training else [0]
+        trainable = [t for _, t in measured] if training else [0]
     else:
         weights = shape.params() * e
         largest = max(shape.unit_params(units).values()) * e

@@ -2,6 +2,7 @@
 models they stream, and where the driver says their tensors are."""
 import gc
 
+import pytest
 import torch
 
 from conftest import where
@@ -47,3 +48,13 @@ def streamed_bytes_on_gpu(model, optimizer) -> int:
             if where(t) == "gpu":
                 seen[t.data_ptr()] = t.nbytes
     return sum(seen.values())
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_streamed():
+    """Autouse in each GPU test module that imports it: nothing stays
+    offloaded after a test, and the GPU's work is done."""
+    yield
+    if torch.cuda.is_available():
+        undo_leftover_offloads()
+        torch.cuda.synchronize()

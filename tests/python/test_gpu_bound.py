@@ -14,19 +14,10 @@ import torch
 
 import torch_uvm
 from conftest import gpu
-from offload_helpers import undo_leftover_offloads
+from offload_helpers import nothing_left_streamed  # noqa: F401 (autouse)
 
 pytestmark = gpu
 transformers = pytest.importorskip("transformers")
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_streamed():
-    yield
-    if torch.cuda.is_available():
-        undo_leftover_offloads()
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
 
 
 def llama(dtype=torch.float32):

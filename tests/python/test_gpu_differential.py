@@ -6,20 +6,12 @@ import torch
 
 from conftest import gpu
 from differential import check, program
-from offload_helpers import undo_leftover_offloads
+from offload_helpers import nothing_left_streamed  # noqa: F401 (autouse)
 
 pytestmark = gpu
 # Drawn to span the features: BatchNorm and buffers written in forward, tied
 # and shared weights, blocks as units, both steps, every mode.
 SEEDS = [0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144]
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_streamed():
-    yield
-    if torch.cuda.is_available():
-        undo_leftover_offloads()
-        torch.cuda.synchronize()
 
 
 @pytest.mark.parametrize("seed", SEEDS)

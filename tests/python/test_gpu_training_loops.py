@@ -10,18 +10,10 @@ import pytest
 import torch
 
 from conftest import gpu, memory_type, where
-from offload_helpers import make_model, undo_leftover_offloads
+from offload_helpers import make_model, nothing_left_streamed  # noqa: F401 (autouse)
 
 pytestmark = gpu
 MiB = 1 << 20
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_streamed():
-    yield
-    if torch.cuda.is_available():
-        undo_leftover_offloads()
-        torch.cuda.synchronize()
 
 
 def data(steps, rows=64, width=1024, seed=1):
