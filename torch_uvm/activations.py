@@ -26,7 +26,11 @@ of backward, in the reverse of the order forward saved them: when backward
 asks for one, the ones forward saved before it are on their way. A tensor
 brought back is held until its last use in that backward (one use a time
 it was saved); the home stays until autograd frees the graph, so
-``retain_graph`` backwards bring it again.
+``retain_graph`` backwards bring it again. The window also counts the
+brought tensors whose last use the GPU has yet to run (backward's thread
+runs ahead of the GPU, and their memory is not free until it has): past
+it, that thread waits for the GPU, so the brought tensors' memory stays
+about one window however far ahead it ran.
 
 A saved tensor changed in place before backward is an error, as without
 hooks (PyTorch stops checking once hooks save tensors: this context checks).
@@ -155,7 +159,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
 
     STATS = ("sent", "sent_bytes", "deduplicated", "kept", "kept_bytes", "stayed",
              "stayed_bytes", "waited", "used_in_place", "brought_ahead", "brought_late",
-             "brought_bytes")
+             "brought_bytes", "waited_release")
 
     def __init__(self, min_bytes: int = DEFAULT_MIN_BYTES, window: int = DEFAULT_WINDOW,
                  budget: int = 0):
@@ -179,6 +183,14 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         self._ahead: "weakref.WeakSet[_Saved]" = weakref.WeakSet()   # brought, not yet used
         self._held: "weakref.WeakSet[_Saved]" = weakref.WeakSet()    # brought, uses left
         self._ahead_bytes = 0
+        # Brought tensors past their last use: compute may not have run that
+        # use yet (the CPU runs ahead of the GPU), and until it has, their
+        # memory is not the bring stream's to reuse. `_unmarked`: released at
+        # the latest unpack, their use not yet launched; `_releasing`: (an
+        # event on compute after their use, bytes), oldest first.
+        self._unmarked: Dict[torch.device, int] = {}
+        self._releasing: Deque[Tuple[torch.cuda.Event, int]] = collections.deque()
+        self._releasing_bytes = 0
         self._task = -2            # the backward the bring-ahead follows
         self._cursor = 0           # below it, nothing this backward has brought yet
         self._stats = collections.Counter()
@@ -197,9 +209,10 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         `waited` (forward waited for a copy home: the window was full),
         `used_in_place` (backward used one still on the GPU, the budget's
         among them), `brought_ahead` and `brought_late` (brought back
-        before backward asked, or when it asked) and `brought_bytes`. A
-        tensor saved several times is brought once a backward and held until
-        its last use there."""
+        before backward asked, or when it asked) and `brought_bytes`,
+        `waited_release` (backward's thread waited for compute to finish with
+        brought tensors: the window was full). A tensor saved several times
+        is brought once a backward and held until its last use there."""
         return {k: self._stats[k] for k in self.STATS}
 
     # ------------------------------------------------------------ forward
@@ -311,6 +324,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
                 return self._one(rec)
             if task != self._task:
                 self._begin_backward(task)
+            self._mark_released()
             first = rec.used_in != task
             if first:
                 rec.used_in, rec.left = task, rec.uses
@@ -334,6 +348,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
                 self._drop_in_flight(rec)
             return t
         if rec.brought is None:
+            self._wait_released(rec.nbytes)
             self._bring(rec)
             self._stats["brought_late"] += 1
         elif rec in self._ahead:
@@ -344,6 +359,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         if rec.left <= 0:                            # its last use in this backward
             rec.brought = None
             self._held.discard(rec)
+            self._unmarked[rec.device] = self._unmarked.get(rec.device, 0) + rec.nbytes
         compute.wait_event(rec.arrived)
         t.record_stream(compute)                     # freed by compute, reused after it
         return t
@@ -375,9 +391,35 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         self._held.add(rec)
         self._stats["brought_bytes"] += rec.nbytes
 
+    def _mark_released(self) -> None:
+        """At an unpack: the uses of the tensors released at the ones before
+        it are launched; an event on compute marks their end. Then forgets
+        the marks compute has passed."""
+        for device, nbytes in self._unmarked.items():
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(device))
+            self._releasing.append((done, nbytes))
+            self._releasing_bytes += nbytes
+        self._unmarked.clear()
+        while self._releasing and self._releasing[0][0].query():
+            self._releasing_bytes -= self._releasing.popleft()[1]
+
+    def _wait_released(self, nbytes: int) -> None:
+        """Before a bring of `nbytes`: while it, the brought tensors unused
+        and those compute has yet to finish with would hold more than
+        `window` bytes, the CPU waits for the oldest of the last (it runs
+        ahead of the GPU: without the wait, each bring would take new
+        memory)."""
+        while self._releasing and self._releasing_bytes + self._ahead_bytes + nbytes > self.window:
+            done, freed = self._releasing.popleft()
+            done.synchronize()
+            self._releasing_bytes -= freed
+            self._stats["waited_release"] += 1
+
     def _bring_ahead(self, task: int) -> None:
         """Brings the tensors forward saved before the one just used, the
-        latest first, until `window` bytes are brought and unused."""
+        latest first, until `window` bytes are brought and unused (each
+        after the used ones make room: _wait_released)."""
         i = self._cursor - 1
         while i >= 0 and self._ahead_bytes < self.window:
             rec = self._order[i]()
@@ -385,6 +427,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
             if rec is None or rec.gpu is not None or rec.brought is not None \
                     or rec.used_in == task:
                 continue
+            self._wait_released(rec.nbytes)
             self._bring(rec)
             self._ahead.add(rec)
             self._ahead_bytes += rec.nbytes
@@ -392,6 +435,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
 
     def _end_backward(self) -> None:
         with self._lock:
+            self._mark_released()
             for rec in list(self._held):   # uses that did not come (record_stream guards them)
                 rec.brought = None
             self._held = weakref.WeakSet()

@@ -310,6 +310,33 @@ def test_a_tensor_saved_by_every_layer_keeps_the_rest_coming_ahead(uvm):
     assert s["brought_late"] <= 2, s
 
 
+def test_the_brought_activations_stay_within_the_window_when_backward_runs_ahead(uvm):
+    """Backward's thread runs ahead of the GPU (here: behind a sleep queued
+    before backward). A brought tensor's memory is the bring stream's again
+    only once the GPU has run its last use: past the window, the thread
+    waits for that, so the bring stream holds about a window, not every
+    saved activation (32 of 4 MiB here, in segments of 20 MiB). The
+    gradients are all-resident's."""
+    model = chain(layers=16)
+    x = torch.randn(1024, 1024, device="cuda")
+    want = grads_of(model, x)
+    model.zero_grad(set_to_none=True)
+    hooks = uvm.offload_activations(window=8 * MiB)
+    xg = x.detach().requires_grad_()
+    with hooks:
+        loss = model(xg).float().square().mean()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(500_000_000)
+    loss.backward()
+    torch.cuda.synchronize()
+    got = [loss.detach()] + [p.grad.clone() for p in model.parameters()] + [xg.grad.clone()]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    bring = hooks._streams_for(x.device)[1].cuda_stream
+    held = sum(seg["total_size"] for seg in uvm.memory_snapshot() if seg["stream"] == bring)
+    assert hooks.stats()["sent"] >= 30 and hooks.stats()["waited_release"] > 0, hooks.stats()
+    assert 0 < held <= 40 * MiB, held
+
+
 def delayed(uvm, **kwargs):
     """offload_activations whose brings start late (the bring stream sleeps
     before each), so that a use that does not wait for its copy reads memory
