@@ -114,3 +114,30 @@ def test_what_a_step_in_backward_cannot_keep_is_refused_before_anything_is_offlo
         fit(Net(), tl.OffloadStrategy(budget=1 << 20, device="cpu", step_in_backward=True),
             **trainer)
     assert offloads == []
+
+
+def test_it_streams_on_the_device_the_trainer_names(offloads):
+    """Without device=, the strategy takes the Trainer's one device, which
+    Lightning gives it as the Trainer is made (devices=[1] means cuda:1)."""
+    fit(Net(), tl.OffloadStrategy(budget=1 << 20))
+    [(_, kwargs, _)] = offloads
+    assert kwargs["device"] == torch.device("cpu")
+    strategy = tl.OffloadStrategy(budget=1 << 20)
+    assert strategy.root_device == torch.device("cuda:0")          # before a Trainer
+    strategy.parallel_devices = [torch.device("cuda:1")]           # Trainer(devices=[1])
+    assert strategy.root_device == torch.device("cuda:1")
+    chosen = tl.OffloadStrategy(budget=1 << 20, device="cuda:1")
+    chosen.parallel_devices = [torch.device("cuda:0"), torch.device("cuda:1")]   # devices="auto"
+    assert chosen.root_device == torch.device("cuda:1")
+
+
+@pytest.mark.parametrize("strategy, devices, match", [
+    ({}, 2, "streams the model through one GPU, and the Trainer has 2 devices"),
+    ({"device": "cuda:1"}, 1, r"OffloadStrategy\(device='cuda:1'\) is not among the Trainer's"),
+])
+def test_a_device_the_strategy_cannot_take_is_refused_as_the_trainer_is_made(
+        offloads, strategy, devices, match):
+    with pytest.raises(ValueError, match=match):
+        L.Trainer(accelerator="cpu", devices=devices, logger=False,
+                  strategy=tl.OffloadStrategy(budget=1 << 20, **strategy))
+    assert offloads == []
