@@ -45,10 +45,13 @@ def task_of(module: torch.nn.Module) -> str:
 
 
 def tokens_of(args, kwargs) -> Optional[Tuple[int, int]]:
-    """(batch, tokens a sequence) of a language model's forward: its
-    ``input_ids`` (or ``inputs_embeds``, or first argument), and the tokens
+    """(batch, tokens a sequence) of a language model's forward, read from
+    shapes alone (no value on the GPU, so no wait for it): its
+    ``input_ids`` (or ``inputs_embeds``, or first argument) and the tokens
+    before them, which its 2-D ``attention_mask`` covers with them, or else
     its cache (``past_key_values``, or ``cache`` in later transformers)
-    holds already; None for another call."""
+    holds; a static cache that has run counts its whole length, its memory
+    taken anyway. None for another call."""
     x = kwargs.get("input_ids")
     if x is None:
         x = kwargs.get("inputs_embeds")
@@ -56,9 +59,35 @@ def tokens_of(args, kwargs) -> Optional[Tuple[int, int]]:
         x = args[0]
     if not isinstance(x, torch.Tensor) or x.dim() < 2:
         return None
-    past = kwargs.get("past_key_values", kwargs.get("cache"))
-    held = past.get_seq_length() if hasattr(past, "get_seq_length") else 0
-    return int(x.shape[0]), int(x.shape[1]) + int(held)
+    batch, new = int(x.shape[0]), int(x.shape[1])
+    held, sized = _cache_tokens(kwargs.get("past_key_values", kwargs.get("cache")))
+    mask = kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[1] >= new:
+        return batch, max(int(mask.shape[1]), sized)
+    return batch, max(new + held, sized)
+
+
+def _cache_tokens(past) -> Tuple[int, int]:
+    """(the tokens a cache holds, where its shapes say so; the tokens its
+    memory is sized for, a static cache's length, else 0)."""
+    if isinstance(past, (tuple, list)):        # ((keys, values), ...) a layer: [b, heads, t, d]
+        try:
+            return int(past[0][0].shape[-2]), 0
+        except (IndexError, AttributeError, TypeError):
+            return 0, 0
+    if not hasattr(past, "get_seq_length"):
+        return 0, 0
+    held = past.get_seq_length()
+    if not isinstance(held, torch.Tensor):
+        return int(held), 0
+    # (a static cache counts on the GPU: its length instead, or the count where it has none)
+    try:
+        longest = past.get_max_length()
+    except (AttributeError, ValueError, TypeError):
+        longest = None
+    if isinstance(longest, int) and longest > 0:
+        return 0, longest
+    return int(held), 0
 
 
 class ProcessBound:

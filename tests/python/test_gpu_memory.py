@@ -70,6 +70,41 @@ def test_a_forwards_tokens_count_what_its_cache_holds():
     with torch.no_grad():
         model(input_ids=ids, use_cache=True, **{name: cache})
     assert tokens_of((), {"input_ids": ids[:, :1], name: cache}) == (3, 8)
+    # generate's 2-D attention mask covers the cached tokens and the new
+    assert tokens_of((), {"input_ids": ids[:, :1], "attention_mask": torch.ones(3, 9)}) == (3, 9)
+    legacy = tuple((torch.zeros(3, 2, 6, 16),) * 2 for _ in range(2))     # ((keys, values), ...)
+    assert tokens_of((), {"input_ids": ids[:, :1], "past_key_values": legacy}) == (3, 7)
+
+
+class CountedOnTheGpu:
+    """A static cache as transformers makes it: its count is a tensor (on the
+    GPU, reading it waits for the GPU), its length a number."""
+
+    def get_seq_length(self):
+        return torch.tensor(5)
+
+    def get_max_length(self):
+        return 40
+
+
+def test_a_static_cache_counts_its_length_without_reading_its_count():
+    ids = torch.zeros(3, 1, dtype=torch.long)
+    assert tokens_of((), {"input_ids": ids, "past_key_values": CountedOnTheGpu()}) == (3, 40)
+    assert tokens_of((), {"input_ids": ids, "attention_mask": torch.ones(3, 6),
+                          "past_key_values": CountedOnTheGpu()}) == (3, 40)
+    config = tiny_llama().config
+    try:
+        cache = transformers.StaticCache(config=config, max_cache_len=40)
+    except TypeError:           # (an older transformers' signature)
+        pytest.skip("this transformers' StaticCache takes other arguments")
+    if not hasattr(cache, "get_max_length"):
+        pytest.skip("this transformers' static cache has no get_max_length")
+    model = tiny_llama().eval()
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else \
+        "past_key_values"
+    with torch.no_grad():
+        model(input_ids=torch.zeros(3, 7, dtype=torch.long), use_cache=True, **{name: cache})
+    assert tokens_of((), {"input_ids": ids, name: cache}) == (3, 40)
 
 
 def test_a_forward_beyond_the_plan_is_refused_before_it_runs_and_one_within_passes():
