@@ -19,17 +19,17 @@ anew) offloads it again. One strategy per Trainer, as Lightning's own.
 Imports lightning: only for those who use it."""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
+from .lightning_device import OneDevice
 from .offload import offload
 
 
-class OffloadStrategy(SingleDeviceStrategy):
+class OffloadStrategy(OneDevice, SingleDeviceStrategy):
     """`budget`, `ahead`, `mode`, `units`, `checkpoint`: offload's;
     `step_in_backward`, `host_step`, `non_blocking`: stream_optimizer's;
     `submodule`: the name of the part to offload (default: all of it);
@@ -41,44 +41,12 @@ class OffloadStrategy(SingleDeviceStrategy):
     def __init__(self, budget=None, device=None, submodule: Optional[str] = None,
                  step_in_backward: bool = False, host_step: float = 0.0,
                  non_blocking: bool = False, **offload_options):
-        self._device = None if device is None else torch.device(device)
-        self._trainer_devices: List[torch.device] = []
-        super().__init__(device=self._device or "cuda:0")
+        super().__init__(device=self.choose_device(device))
         self.budget, self.submodule = budget, submodule
         self.stream = dict(step_in_backward=step_in_backward, host_step=host_step,
                            non_blocking=non_blocking)
         self.offload_options = offload_options
         self.handle = None
-
-    @property
-    def root_device(self) -> torch.device:
-        """The device given, or else the Trainer's one, or else cuda:0."""
-        if self._device is not None:
-            return self._device
-        return self._trainer_devices[0] if self._trainer_devices else torch.device("cuda:0")
-
-    @property
-    def parallel_devices(self) -> List[torch.device]:
-        return self._trainer_devices
-
-    @parallel_devices.setter
-    def parallel_devices(self, devices) -> None:
-        """The Trainer's devices (``Trainer(devices=...)``), which Lightning
-        gives a strategy that has this attribute as the Trainer is made:
-        one, or several among which the `device` given."""
-        devices = [torch.device(d) for d in (devices or [])]
-        if self._device is not None and devices and self._device not in devices:
-            raise ValueError(
-                f"torch_uvm: OffloadStrategy(device={str(self._device)!r}) is not among the "
-                f"Trainer's devices ({', '.join(map(str, devices))}): give the device in one "
-                f"place (Trainer(devices=[k]) alone is enough)")
-        if self._device is None and len(devices) > 1:
-            raise ValueError(
-                f"torch_uvm: OffloadStrategy streams the model through one GPU, and the Trainer "
-                f"has {len(devices)} devices ({', '.join(map(str, devices))}): pass devices=1 "
-                f"or devices=[k] to the Trainer, or device= to the strategy (for data parallel "
-                f"training, offload each replica under DDP: docs/training.md)")
-        self._trainer_devices = devices
 
     def check(self, trainer: "pl.Trainer") -> None:
         """Refuses, before anything is offloaded, what a step in backward

@@ -1,6 +1,7 @@
 """Lightning Fabric: ``fabric.setup(model, optimizer)``,
-``fabric.backward(loss)``, ``optimizer.step()``, with the model offloaded
-before the optimizer is made.
+``fabric.backward(loss)``, ``optimizer.step()``, written as for any Fabric;
+torch_uvm's ``OffloadFabricStrategy`` offloads the model in ``setup`` and
+streams the optimizer.
 
 A residual MLP of 96 MiB trains within 32 MiB of the GPU. The optimizer
 steps in backward (``step_in_backward=True``): each submodule steps as soon
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-import torch_uvm
+from torch_uvm.fabric import OffloadFabricStrategy
 
 MiB = _common.MiB
 WIDTH, DEPTH = 1024, 24          # 24 blocks of LayerNorm + Linear(1024, 1024): 96 MiB
@@ -38,17 +39,13 @@ class Block(torch.nn.Module):
 
 def train(offload: bool) -> dict:
     _common.start()
-    fabric = L.Fabric(accelerator="cuda", devices=1, precision="32-true")
+    # torch_uvm's strategy offloads the model where Fabric would move it to the GPU,
+    # and streams the optimizer fabric.setup is given
+    strategy = OffloadFabricStrategy(budget=BUDGET, step_in_backward=True) if offload else "auto"
+    fabric = L.Fabric(accelerator="cuda", devices=1, precision="32-true", strategy=strategy)
     fabric.seed_everything(_common.SEED, verbose=False)
     model = torch.nn.Sequential(*[Block() for _ in range(DEPTH)])
-    if offload:
-        handle = torch_uvm.offload(model, budget=BUDGET)
-        optimizer = handle.stream_optimizer(
-            torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True), step_in_backward=True)
-    else:
-        handle = None
-        model.cuda()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     data = TensorDataset(torch.randn(STEPS * 32, WIDTH), torch.randn(STEPS * 32, WIDTH))
     loader = fabric.setup_dataloaders(DataLoader(data, batch_size=32, shuffle=True))
     fabric_model, fabric_optimizer = fabric.setup(model, optimizer)
@@ -59,6 +56,7 @@ def train(offload: bool) -> dict:
         fabric_optimizer.step()
         fabric_optimizer.zero_grad()
         losses.append(loss.detach())
+    handle = strategy.handle if offload else None
     return _common.finish(losses, {"model": model}, [optimizer], [handle], BUDGET)
 
 
