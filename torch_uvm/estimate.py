@@ -27,6 +27,9 @@ each comes from):
 * **allocator's cache and workspaces**: what the runs measured beside
   their tensors (``CACHE_SHARE`` of the activations and logits, and
   ``RUNTIME_BYTES``).
+* **margin** (under ``gpu_memory`` alone): one ``MARGIN_PARTS``-th of it,
+  kept free for the estimate's error; ``least_gpu`` is the least
+  ``gpu_memory`` that holds the rest with it.
 
 Host memory: the pinned homes (the weights; for a full fine-tune also
 AdamW's two states in fp32, and the gradients' unless they step in
@@ -57,6 +60,18 @@ GiB = 1 << 30
 # what no books hold (cuBLAS's workspaces, segments' rounding).
 CACHE_SHARE = 0.5
 RUNTIME_BYTES = GiB // 4
+# Under gpu_memory, one MARGIN_PARTS-th of it is kept free for the estimate's
+# error: a 7B's generation and full fine-tune under 24 GiB took 5.9% and 5.1%
+# more than estimated (benchmarks/results/2026-11-28-h200, recipes-816cac6).
+MARGIN_PARTS = 16
+
+
+def least_bound(process: int) -> int:
+    """The least gpu_memory whose margin leaves `process` bytes: the least
+    B with B - B // MARGIN_PARTS >= process."""
+    if process <= 0:
+        return 0
+    return MARGIN_PARTS * (process - 1) // (MARGIN_PARTS - 1) + 1
 # The host memory of the process beside the homes: Python, torch and CUDA's
 # libraries (a 7B generation's peak: 14.12 GiB beside 12.55 GiB of homes).
 HOST_RUNTIME_BYTES = 3 * GiB // 2
@@ -149,7 +164,7 @@ class Estimate:
     host_pinned: int
     host: int                         # the process's host memory: the homes and the runtime
     least_budget: int
-    least_gpu: int                    # the process's GPU memory at the least budget
+    least_gpu: int                    # the least gpu_memory that holds it (margin and all)
     weights: int
     link_gbps: Optional[float]        # the pinned rate measured now (None: no GPU)
     floor_s: Optional[float]          # the least seconds a step (a token) takes at it
@@ -171,7 +186,7 @@ class Estimate:
                  f"  process GPU memory     {g(self.gpu_total)}"]
         lines += [f"    {k:<20} {g(v)}" for k, v in self.gpu.items()]
         lines += [f"  host memory            {g(self.host)} ({g(self.host_pinned)} pinned)",
-                  f"  least budget           {g(self.least_budget)} (process {g(self.least_gpu)})"]
+                  f"  least budget           {g(self.least_budget)} (gpu_memory {g(self.least_gpu)})"]
         if self.link_gbps is None:
             lines.append("  link                   not measured: no GPU here (the time floor "
                          "needs the pinned rate: pass --link-gbps, or link_gbps=)")
@@ -321,7 +336,7 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
     if taken is not None and (isinstance(taken, bool) or not isinstance(taken, int) or taken < 0):
         raise ValueError(f"torch_uvm: estimate's taken is bytes (an int, 0 or more), got {taken!r}")
 
-    def gpu_parts(b: int, home: bool) -> Dict[str, int]:
+    def gpu_parts(b: int, home: bool, margin: int = 0) -> Dict[str, int]:
         parts = {} if taken is None else {"held before the offload": taken}
         parts["slots"] = min(b, weights)
         tokens = batch * seq
@@ -340,26 +355,31 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
             parts["KV cache"] = 2 * L * batch * (seq + new_tokens) * kv * e
         parts["allocator's cache"] = int(CACHE_SHARE * (parts["activations"] + parts["logits"]))
         parts["workspaces"] = RUNTIME_BYTES
+        if margin:
+            parts["margin"] = margin
         return parts
 
     home = activations_home is True and training
+    margin = 0 if bound is None else bound // MARGIN_PARTS
     if bound is not None:
-        beside = sum(gpu_parts(0, home).values())          # all but the slots
-        if beside + least > bound and activations_home == "auto" and training:
+        beside = sum(gpu_parts(0, home).values())          # all but the slots and the margin
+        if beside + least + margin > bound and activations_home == "auto" and training:
             home = True                                    # what sending them home leaves
             beside = sum(gpu_parts(0, home).values())
-        if beside + least > bound:
-            taken_by = ", ".join(f"{k} {size_text(v)}" for k, v in gpu_parts(least, home).items())
+        if beside + least + margin > bound:
+            need = least_bound(beside + least)
+            taken_by = ", ".join(f"{k} {size_text(v)}" for k, v in
+                                 gpu_parts(least, home, need // MARGIN_PARTS).items())
             raise ValueError(
                 f"torch_uvm: {size_text(bound)} of GPU memory cannot hold this {WORDS[task]} "
                 f"at batch {batch} x {seq} tokens: the least that works is "
-                f"{size_text(beside + least)} ({taken_by}). Raise gpu_memory, or lower batch or "
+                f"{size_text(need)} ({taken_by}). Raise gpu_memory, or lower batch or "
                 f"seq{', or checkpoint activations' if training and not checkpointing else ''}"
                 f"{', or send activations home' if training and activations_home is False else ''}")
-        chosen = min(bound - beside, weights)
+        chosen = min(bound - beside - margin, weights)
     elif chosen is None:
         chosen = least
-    gpu = gpu_parts(chosen, home)
+    gpu = gpu_parts(chosen, home, margin)
     if task == "full":     # weights, two states, and gradients unless they step in backward
         host = weights * (3 if step_in_backward else 4)
     elif task == "lora" and trainable is not None:   # the adapters are among the weights:
@@ -380,6 +400,6 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
     floor = crossing / (rate * 1e9) if rate else None
     return Estimate(task=task, budget=chosen, gpu=gpu, host_pinned=host,
                     host=host + HOST_RUNTIME_BYTES, least_budget=least,
-                    least_gpu=sum(gpu_parts(least, home).values()), weights=weights,
+                    least_gpu=least_bound(sum(gpu_parts(least, home).values())), weights=weights,
                     link_gbps=rate, floor_s=floor, per=per, tokens=tokens,
                     activations_home=home, batch=batch, seq=seq)

@@ -99,6 +99,7 @@ class ProcessBound:
                  options: dict):
         self.module, self.limit, self.taken, self.plan = module, limit, taken, plan
         self.options = options     # estimate's arguments beside task, batch and seq
+        self.margin = plan.gpu.get("margin", 0)   # kept free for the estimate's error
         self._fits: Dict[Tuple[str, int, int], Estimate] = {}
         self._activations = offload_activations() if plan.activations_home else None
         self._entered = False
@@ -177,15 +178,17 @@ class ProcessBound:
         if batch <= self.plan.batch and seq <= self.plan.seq:
             if task == self.plan.task:
                 return
-            if self._estimate(task, self.plan.batch, self.plan.seq).gpu_total <= self.limit:
+            if self._estimate(task, self.plan.batch, self.plan.seq).gpu_total + self.margin \
+                    <= self.limit:
                 return      # (the planned shape fits this task too: so does a smaller one)
         found = self._estimate(task, batch, seq)   # (beyond the plan: once a shape)
-        if found.gpu_total > self.limit:
+        if found.gpu_total + self.margin > self.limit:
             self._refused += 1     # (its end is still called: it ends nothing)
             parts = ", ".join(f"{k} {size_text(v)}" for k, v in found.gpu.items())
             raise ValueError(
                 f"torch_uvm: this forward ({WORDS[task]}, batch {batch} x {seq} tokens) would "
-                f"take about {size_text(found.gpu_total)} of GPU memory, above the offload's "
+                f"take about {size_text(found.gpu_total + self.margin)} of GPU memory (a margin "
+                f"of {size_text(self.margin)} for the estimate's error in it), above the offload's "
                 f"gpu_memory of {size_text(self.limit)}, planned for batch {self.plan.batch} x "
                 f"{self.plan.seq} as a {WORDS[self.plan.task]} ({parts}). Nothing of it ran: "
                 f"lower the batch or the sequence, or undo() and offload again with the "

@@ -62,7 +62,12 @@ def test_gpu_memory_chooses_the_largest_budget_within_it():
     least = estimate(TINY, task="full", batch=2, seq=64, link_gbps=None)
     bound = least.least_gpu + (1 << 20)
     e = estimate(TINY, task="full", batch=2, seq=64, gpu_memory=bound, link_gbps=None)
-    assert e.gpu_total == bound and e.budget == least.least_budget + (1 << 20)
+    # (a sixteenth of the bound is the margin for the estimate's error)
+    assert e.gpu_total == bound and e.gpu["margin"] == bound // 16
+    assert least.least_budget < e.budget < least.least_budget + (1 << 20)
+    tight = estimate(TINY, task="full", batch=2, seq=64, gpu_memory=least.least_gpu,
+                     link_gbps=None)
+    assert 0 <= tight.budget - least.least_budget < 16 and tight.gpu_total <= least.least_gpu
     # more than the weights need: the budget is the weights, the process less than the bound
     roomy = estimate(TINY, task="full", batch=2, seq=64, gpu_memory="64GiB", link_gbps=None)
     assert roomy.budget == roomy.weights and roomy.gpu_total < 64 << 30
@@ -192,3 +197,10 @@ def test_a_model_on_the_meta_device_is_estimated_by_the_units_offload_makes():
     assert layers.least_budget == 2 * max(module_units(model, "layers"))
     with pytest.raises(ValueError, match="Hugging Face config"):
         estimate(torch.nn.Linear(2, 2), link_gbps=None)
+
+
+def test_the_least_bound_is_the_least_whose_margin_leaves_the_process():
+    from torch_uvm.estimate import MARGIN_PARTS, least_bound
+    for process in list(range(1, 4000)) + [10 ** 10 + 7, (3 << 30) + 5]:
+        b = least_bound(process)
+        assert b - b // MARGIN_PARTS >= process > (b - 1) - (b - 1) // MARGIN_PARTS
