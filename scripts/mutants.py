@@ -286,7 +286,7 @@ MUTANTS = [
     ("OffloadFabricStrategy leaves the optimizer it is given unstreamed", "torch_uvm/fabric.py",
      "            self.handle.stream_optimizer(optimizer, **self.stream)", "            pass",
      ["tests/python/test_fabric_strategy.py::test_setup_offloads_the_model_and_streams_its_optimizer_made_before"]),
-    ("OffloadStrategy streams on cuda:0 whatever device the Trainer names", "torch_uvm/lightning_device.py",
+    ("OffloadStrategy streams on cuda:0 whatever device the Trainer names", "torch_uvm/strategy_settings.py",
      "        self._trainer_devices = devices\n", "",
      ["tests/python/test_lightning_strategy.py::test_it_streams_on_the_device_the_trainer_names"]),
     ("OffloadStrategy lets a step in backward clip", "torch_uvm/lightning.py",

@@ -19,32 +19,19 @@ as usual. The device is the one given, or else Fabric's one device
 who use it."""
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from lightning.fabric.strategies import SingleDeviceStrategy
 
-from .lightning_device import OneDevice
+from .strategy_settings import StrategySettings
 from .offload import offload
 
 
-class OffloadFabricStrategy(OneDevice, SingleDeviceStrategy):
-    """`budget`, `ahead`, `mode`, `units`, `checkpoint`: offload's;
-    `step_in_backward`, `host_step`, `non_blocking`: stream_optimizer's;
-    `submodule`: the name of the part to offload (default: all of it);
-    `device`: where it streams (default: Fabric's one device)."""
+class OffloadFabricStrategy(StrategySettings, SingleDeviceStrategy):
+    """Settings as StrategySettings takes them (budget, device, submodule,
+    step_in_backward, host_step, non_blocking, offload's others); the
+    device defaults to Fabric's one."""
 
     RUNNER = "Fabric"
-
-    def __init__(self, budget=None, device=None, submodule: Optional[str] = None,
-                 step_in_backward: bool = False, host_step: float = 0.0,
-                 non_blocking: bool = False, **offload_options):
-        super().__init__(device=self.choose_device(device))
-        self.budget, self.submodule = budget, submodule
-        self.stream = dict(step_in_backward=step_in_backward, host_step=host_step,
-                           non_blocking=non_blocking)
-        self.offload_options = offload_options
-        self.handle = None
 
     def module_to_device(self, module: torch.nn.Module) -> None:
         """Offloads `module` (or its `submodule`) where Fabric would move it,

@@ -19,34 +19,20 @@ anew) offloads it again. One strategy per Trainer, as Lightning's own.
 Imports lightning: only for those who use it."""
 from __future__ import annotations
 
-from typing import Optional
-
 import lightning.pytorch as pl
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
-from .lightning_device import OneDevice
+from .strategy_settings import StrategySettings
 from .offload import offload
 
 
-class OffloadStrategy(OneDevice, SingleDeviceStrategy):
-    """`budget`, `ahead`, `mode`, `units`, `checkpoint`: offload's;
-    `step_in_backward`, `host_step`, `non_blocking`: stream_optimizer's;
-    `submodule`: the name of the part to offload (default: all of it);
-    `device`: where it streams (default: the Trainer's one device, as
-    ``devices=[1]`` names it)."""
+class OffloadStrategy(StrategySettings, SingleDeviceStrategy):
+    """Settings as StrategySettings takes them (budget, device, submodule,
+    step_in_backward, host_step, non_blocking, offload's others); the
+    device defaults to the Trainer's one (``devices=[1]`` is cuda:1)."""
 
     strategy_name = "torch_uvm_offload"
-
-    def __init__(self, budget=None, device=None, submodule: Optional[str] = None,
-                 step_in_backward: bool = False, host_step: float = 0.0,
-                 non_blocking: bool = False, **offload_options):
-        super().__init__(device=self.choose_device(device))
-        self.budget, self.submodule = budget, submodule
-        self.stream = dict(step_in_backward=step_in_backward, host_step=host_step,
-                           non_blocking=non_blocking)
-        self.offload_options = offload_options
-        self.handle = None
 
     def check(self, trainer: "pl.Trainer") -> None:
         """Refuses, before anything is offloaded, what a step in backward

@@ -9,19 +9,13 @@ import torch
 L = pytest.importorskip("lightning")
 
 from torch_uvm import fabric as tf  # noqa: E402
-from test_lightning_strategy import StandIn  # noqa: E402
+from test_lightning_strategy import made_offloads  # noqa: E402
 
 
 @pytest.fixture
 def offloads(monkeypatch):
     """Each offload() the strategy makes: (module, its arguments, its handle)."""
-    made = []
-
-    def fake(module, **kwargs):
-        made.append((module, kwargs, StandIn(module)))
-        return made[-1][2]
-    monkeypatch.setattr(tf, "offload", fake)
-    return made
+    return made_offloads(monkeypatch, tf)
 
 
 def net():

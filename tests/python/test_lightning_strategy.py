@@ -48,16 +48,22 @@ class Net(L.LightningModule):
         return [optimizer], [scheduler]
 
 
+def made_offloads(monkeypatch, module):
+    """Puts a stand-in for offload in `module`; returns the list of each
+    offload() it makes: (module, its arguments, its handle)."""
+    made = []
+
+    def fake(target, **kwargs):
+        made.append((target, kwargs, StandIn(target)))
+        return made[-1][2]
+    monkeypatch.setattr(module, "offload", fake)
+    return made
+
+
 @pytest.fixture
 def offloads(monkeypatch):
     """Each offload() the strategy makes: (module, its arguments, its handle)."""
-    made = []
-
-    def fake(module, **kwargs):
-        made.append((module, kwargs, StandIn(module)))
-        return made[-1][2]
-    monkeypatch.setattr(tl, "offload", fake)
-    return made
+    return made_offloads(monkeypatch, tl)
 
 
 def loader():

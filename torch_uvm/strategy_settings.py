@@ -1,10 +1,12 @@
-"""The one GPU a Lightning strategy of torch_uvm streams through: the one
-given (``device=``), or else the Trainer's (or Fabric's) one device, which
-Lightning gives a strategy that has ``parallel_devices`` as the Trainer is
-made (``devices=[1]`` is cuda:1), or else cuda:0. Imports no Lightning."""
+"""What torch_uvm's Lightning strategies (the Trainer's and Fabric's) take:
+offload's and stream_optimizer's settings, and the one GPU they stream
+through: the one given (``device=``), or else the Trainer's (or Fabric's)
+one device, which Lightning gives a strategy that has ``parallel_devices``
+as the Trainer is made (``devices=[1]`` is cuda:1), or else cuda:0.
+Imports no Lightning."""
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 import torch
 
@@ -52,3 +54,20 @@ class OneDevice:
                 f"or devices=[k] to the {self.RUNNER}, or device= to the strategy (for data "
                 f"parallel training, offload each replica under DDP: docs/training.md)")
         self._trainer_devices = devices
+
+
+class StrategySettings(OneDevice):
+    """Before Lightning's single-device strategy: `budget`, `ahead`, `mode`,
+    `units`, `checkpoint`: offload's; `step_in_backward`, `host_step`,
+    `non_blocking`: stream_optimizer's; `submodule`: the name of the part
+    to offload (default: all of it); `device`: as OneDevice says."""
+
+    def __init__(self, budget=None, device=None, submodule: Optional[str] = None,
+                 step_in_backward: bool = False, host_step: float = 0.0,
+                 non_blocking: bool = False, **offload_options):
+        super().__init__(device=self.choose_device(device))
+        self.budget, self.submodule = budget, submodule
+        self.stream = dict(step_in_backward=step_in_backward, host_step=host_step,
+                           non_blocking=non_blocking)
+        self.offload_options = offload_options
+        self.handle = None       # the offload's, once set up
