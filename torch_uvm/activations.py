@@ -30,7 +30,9 @@ it was saved); the home stays until autograd frees the graph, so
 brought tensors whose last use the GPU has yet to run (backward's thread
 runs ahead of the GPU, and their memory is not free until it has): past
 it, that thread waits for the GPU, so the brought tensors' memory stays
-about one window however far ahead it ran.
+about one window however far ahead it ran (beyond it: the tensors of the
+node running, brought tensors with uses left, and one device's waits
+holding up another's: one queue serves every device).
 
 A saved tensor changed in place before backward is an error, as without
 hooks (PyTorch stops checking once hooks save tensors: this context checks).
@@ -114,6 +116,11 @@ def _tracing() -> bool:
             and compiler.is_compiling())
 
 
+def _current_node():
+    """The autograd node running now (None outside one)."""
+    return torch._C._current_autograd_node()
+
+
 def _graph_task() -> int:
     """The backward running now (-1 outside one)."""
     return torch._C._current_graph_task_id()
@@ -185,10 +192,11 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         self._ahead_bytes = 0
         # Brought tensors past their last use: compute may not have run that
         # use yet (the CPU runs ahead of the GPU), and until it has, their
-        # memory is not the bring stream's to reuse. `_unmarked`: released at
-        # the latest unpack, their use not yet launched; `_releasing`: (an
-        # event on compute after their use, bytes), oldest first.
-        self._unmarked: Dict[torch.device, int] = {}
+        # memory is not the bring stream's to reuse. `_unmarked`: (device, the
+        # autograd node that unpacked them, bytes), their use not yet launched
+        # (a node unpacks all its saved tensors before its kernels run);
+        # `_releasing`: (an event on compute after their use, bytes), oldest first.
+        self._unmarked: List[Tuple[torch.device, object, int]] = []
         self._releasing: Deque[Tuple[torch.cuda.Event, int]] = collections.deque()
         self._releasing_bytes = 0
         self._task = -2            # the backward the bring-ahead follows
@@ -210,8 +218,8 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         `used_in_place` (backward used one still on the GPU, the budget's
         among them), `brought_ahead` and `brought_late` (brought back
         before backward asked, or when it asked) and `brought_bytes`,
-        `waited_release` (backward's thread waited for compute to finish with
-        brought tensors: the window was full). A tensor saved several times
+        `waited_release` (the events backward's thread waited on, each
+        compute's end with some brought tensors: the window was full). A tensor saved several times
         is brought once a backward and held until its last use there."""
         return {k: self._stats[k] for k in self.STATS}
 
@@ -359,7 +367,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         if rec.left <= 0:                            # its last use in this backward
             rec.brought = None
             self._held.discard(rec)
-            self._unmarked[rec.device] = self._unmarked.get(rec.device, 0) + rec.nbytes
+            self._unmarked.append((rec.device, _current_node(), rec.nbytes))
         compute.wait_event(rec.arrived)
         t.record_stream(compute)                     # freed by compute, reused after it
         return t
@@ -391,16 +399,22 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         self._held.add(rec)
         self._stats["brought_bytes"] += rec.nbytes
 
-    def _mark_released(self) -> None:
-        """At an unpack: the uses of the tensors released at the ones before
-        it are launched; an event on compute marks their end. Then forgets
-        the marks compute has passed."""
-        for device, nbytes in self._unmarked.items():
+    def _mark_released(self, every: bool = False) -> None:
+        """At an unpack of another node than the one that released them (or,
+        `every`, at the backward's end): the uses of the released tensors are
+        launched, and an event on compute marks their end. Then forgets the
+        marks compute has passed."""
+        node = _current_node()
+        left = []
+        for device, by, nbytes in self._unmarked:
+            if not every and by is node:
+                left.append((device, by, nbytes))   # (its node's kernels are still to come)
+                continue
             done = torch.cuda.Event()
             done.record(torch.cuda.current_stream(device))
             self._releasing.append((done, nbytes))
             self._releasing_bytes += nbytes
-        self._unmarked.clear()
+        self._unmarked = left
         while self._releasing and self._releasing[0][0].query():
             self._releasing_bytes -= self._releasing.popleft()[1]
 
@@ -412,9 +426,9 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         memory)."""
         while self._releasing and self._releasing_bytes + self._ahead_bytes + nbytes > self.window:
             done, freed = self._releasing.popleft()
-            done.synchronize()
-            self._releasing_bytes -= freed
+            self._releasing_bytes -= freed       # (first: a failed wait leaves no count behind)
             self._stats["waited_release"] += 1
+            done.synchronize()
 
     def _bring_ahead(self, task: int) -> None:
         """Brings the tensors forward saved before the one just used, the
@@ -435,7 +449,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
 
     def _end_backward(self) -> None:
         with self._lock:
-            self._mark_released()
+            self._mark_released(every=True)
             for rec in list(self._held):   # uses that did not come (record_stream guards them)
                 rec.brought = None
             self._held = weakref.WeakSet()
