@@ -250,7 +250,7 @@ def unit_sizes(module, units: str):
 def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch: int = 1,
              seq: int = 512,
              new_tokens: int = 32, dtype: Optional[str] = None, units: str = "submodules",
-             ahead: int = 1, checkpointing: bool = True, eager_attention: bool = False,
+             ahead: int = 1, checkpointing: bool = True, eager_attention: Optional[bool] = None,
              lora_rank: int = 16, autocast: bool = True, step_in_backward: bool = True,
              link_gbps: Optional[float] = "measure", taken: Optional[int] = None,
              activations_home=False) -> Estimate:
@@ -273,7 +273,10 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
     measures them), a part of its own. `activations_home`: saved
     activations go to pinned host memory (offload_activations), so at most
     two of its windows of them stay; "auto": only when gpu_memory cannot
-    hold them otherwise."""
+    hold them otherwise. `eager_attention`: the attention keeps its
+    probabilities for backward (Hugging Face's "eager"); default: as a
+    model's ``config._attn_implementation`` says, False for a config file
+    (which does not record it)."""
     if task not in TASKS:
         raise ValueError(f"torch_uvm: estimate's task is one of {TASKS}, got {task!r}")
     if units not in ("submodules", "layers") and not isinstance(config, torch.nn.Module):
@@ -289,6 +292,8 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
             raise ValueError("torch_uvm: estimate of a module reads its Hugging Face config "
                              "(module.config); for another module pass a config.json")
         config = hf.to_dict()
+        if eager_attention is None:
+            eager_attention = getattr(hf, "_attn_implementation", None) == "eager"
         if dtype is None:
             first = next((p for p in module.parameters() if p.is_floating_point()), None)
             dtype = str(first.dtype).replace("torch.", "") if first is not None else None

@@ -11,8 +11,8 @@ with the model and optimizer made as for any Fabric:
 Where Fabric's single-device strategy moves the module to its GPU, this one
 offloads it (or its submodule `submodule`, the rest then moved as usual),
 and it streams each optimizer ``setup`` (or ``setup_optimizers``) is given:
-one made over the model's parameters before or after, since offload keeps
-them. ``fabric.backward``, ``clip_gradients`` and ``optimizer.step()`` work
+one made over the model's parameters before setup (its parameters are
+then rebound to those offload put in their place) or after. ``fabric.backward``, ``clip_gradients`` and ``optimizer.step()`` work
 as usual. The device is the one given, or else Fabric's one device
 (``devices=[1]`` is cuda:1). ``handle`` is the offload's handle, and
 ``handle.undo()`` gives the model back. Imports lightning: only for those
@@ -68,5 +68,6 @@ class OffloadFabricStrategy(StrategySettings, SingleDeviceStrategy):
                 "offload, and no model is set up yet: call fabric.setup(model, optimizer), or "
                 "fabric.setup_module(model) before fabric.setup_optimizers(optimizer)")
         if not self.handle.streams(optimizer):
+            self.handle.rebind_optimizer(optimizer)   # (made before setup: the originals)
             self.handle.stream_optimizer(optimizer, **self.stream)
         return optimizer

@@ -398,6 +398,28 @@ class Offloaded:
         """Whether this offload streams `optimizer` (stream_optimizer)."""
         return self.state.streams(optimizer)
 
+    def rebind_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """An optimizer made over the module's parameters before offload
+        replaced them (``fabric.setup(model, optimizer)`` hands one over):
+        its param groups name the offload's parameters instead, in place,
+        so :meth:`stream_optimizer` takes it. One that has stepped already
+        is refused, before anything changes: its states belong to the
+        parameters offload replaced. Others' parameters stay. Returns it."""
+        if not self.offloaded:
+            raise ValueError("torch_uvm: rebind_optimizer of an offload undone: offload the "
+                             "module again first")
+        now = {id(o): m._parameters[name] for (m, name, kind), o in self._originals.items()
+               if kind == "param"}
+        stepped = sum(1 for p in optimizer.state if id(p) in now)
+        if stepped:
+            raise ValueError(
+                f"torch_uvm: the optimizer has stepped {stepped} of the module's parameters "
+                f"before offload replaced them, and its states belong to those: create the "
+                f"optimizer after torch_uvm.offload, or load the old one's state_dict() into it")
+        for group in optimizer.param_groups:
+            group["params"] = [now.get(id(p), p) for p in group["params"]]
+        return optimizer
+
     def stream_trainer(self, trainer, step_in_backward: bool = False, host_step: float = 0.0,
                        non_blocking: bool = False):
         """Make a Hugging Face ``Trainer`` (or a subclass) stream the

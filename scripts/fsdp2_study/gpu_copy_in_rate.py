@@ -2,7 +2,7 @@ import os,sys,time,torch,torch.nn as nn,torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard,MixedPrecisionPolicy as MP
 r=int(os.environ["RANK"]);torch.cuda.set_device(r);dist.init_process_group("nccl")
-mesh=init_device_mesh("cuda",(2,))
+mesh=init_device_mesh("cuda",(int(os.environ["WORLD_SIZE"]),))
 class H:
   def __init__(s,t):s.t=t;s.__cuda_array_interface__=dict(shape=tuple(t.shape),typestr="<f4",data=(t.data_ptr(),False),version=3,strides=None)
 G=lambda st:(getattr(st,'_fsdp_param_groups',None) or [st._fsdp_param_group])[0]

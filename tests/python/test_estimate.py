@@ -199,6 +199,25 @@ def test_a_model_on_the_meta_device_is_estimated_by_the_units_offload_makes():
         estimate(torch.nn.Linear(2, 2), link_gbps=None)
 
 
+def test_a_models_eager_attention_counts_its_probabilities():
+    """A model whose config says eager attention keeps each layer's
+    probabilities (Korthikanti's 5 heads seq / hidden term); a config file,
+    which does not record it, and an sdpa model do not, unless asked."""
+    transformers = pytest.importorskip("transformers")
+    kwargs = {k: v for k, v in TINY.items() if k not in ("model_type", "torch_dtype")}
+    with torch.device("meta"):
+        eager, sdpa = (transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            **kwargs, attn_implementation=a)).to(torch.bfloat16) for a in ("eager", "sdpa"))
+    common = dict(task="full", budget=1 << 22, batch=2, seq=8, checkpointing=False,
+                  link_gbps=None)
+    layer = lambda extra: 2 * 8 * 256 * (34 + extra) * 2 / 2
+    assert estimate(eager, **common).gpu["activations"] == int(2 * layer(5 * 4 * 8 / 256))
+    assert estimate(sdpa, **common).gpu["activations"] == int(2 * layer(0))
+    assert estimate(TINY, **common).gpu["activations"] == int(2 * layer(0))
+    assert estimate(TINY, eager_attention=True, **common).gpu["activations"] == \
+        estimate(eager, **common).gpu["activations"]
+
+
 def test_the_least_bound_is_the_least_whose_margin_leaves_the_process():
     from torch_uvm.estimate import MARGIN_PARTS, least_bound
     for process in list(range(1, 4000)) + [10 ** 10 + 7, (3 << 30) + 5]:

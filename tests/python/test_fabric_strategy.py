@@ -37,6 +37,7 @@ def test_setup_offloads_the_model_and_streams_its_optimizer_made_before(offloads
     assert module is model and kwargs["budget"] == 1 << 20
     assert kwargs["device"] == torch.device("cpu")                # Fabric's one device
     assert handle.streamed == [optimizer] and strategy.handle is handle
+    assert handle.rebound == [optimizer]          # its parameters: those offload put in place
     assert handle.settings == [{"step_in_backward": True, "host_step": 0.0,
                                 "non_blocking": False}]
     loss = fabric_model(torch.randn(4, 8)).square().mean()        # the loop, as users write it

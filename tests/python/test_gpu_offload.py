@@ -147,6 +147,34 @@ def test_streamed_weights_are_copied_into_gpu_memory_ahead_of_their_use(uvm, bud
     handle.undo()
 
 
+def test_an_optimizer_made_before_offload_is_rebound_and_one_that_stepped_is_refused(uvm, budget):
+    """rebind_optimizer: an optimizer over the parameters offload replaced
+    names the offload's instead and streams; one that stepped before is
+    refused with its groups as they were; another model's parameters stay."""
+    model, other = make_model(layers=4, width=1024), torch.nn.Linear(4, 4)   # (trains in 64 MiB)
+    fresh = torch.optim.SGD([*model.parameters(), *other.parameters()], lr=0.1)
+    stepped = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)   # (states)
+    model(torch.randn(2, 1024)).sum().backward()
+    stepped.step()
+    before = [list(g["params"]) for g in stepped.param_groups]
+    handle = uvm.offload(model, device="cuda")
+    with pytest.raises(ValueError, match="has stepped 8 of the module's parameters"):
+        handle.rebind_optimizer(stepped)
+    assert [list(g["params"]) for g in stepped.param_groups] == before
+    with pytest.raises(ValueError, match="as they were before offload"):
+        handle.stream_optimizer(fresh)
+    assert handle.rebind_optimizer(fresh) is fresh
+    params = fresh.param_groups[0]["params"]
+    assert [id(p) for p in params] == [id(p) for p in [*model.parameters(), *other.parameters()]]
+    handle.stream_optimizer(fresh)
+    model.zero_grad()
+    model(torch.randn(2, 1024, device="cuda")).sum().backward()
+    fresh.step()
+    handle.undo()
+    with pytest.raises(ValueError, match="rebind_optimizer of an offload undone"):
+        handle.rebind_optimizer(fresh)
+
+
 def test_an_offload_inside_an_offload_is_refused_and_changes_nothing(uvm):
     """A part of an offloaded module, a module holding one, and a module
     holding one of its parameters (tied before the offload) are refused by

@@ -16,6 +16,11 @@ class StandIn:
 
     def __init__(self, module):
         self.module, self.offloaded, self.streamed, self.settings = module, True, [], []
+        self.rebound = []
+
+    def rebind_optimizer(self, optimizer):
+        self.rebound.append(optimizer)
+        return optimizer
 
     def undo(self):
         self.offloaded = False
