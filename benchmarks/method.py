@@ -25,6 +25,8 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional
 
+from floors import ADAMW_HOST_MEMORY, placements
+
 
 # OFFLOAD_DETERMINISTIC=1: deterministic kernels in every variant (and eager
 # attention where a script builds a transformer), so that "losses = all
@@ -662,44 +664,19 @@ def _best_step_rate(optimizer, elements: int, tries: int = 3) -> float:
     return best
 
 
-# A fused AdamW step reads each fp32 weight's value, gradient and two
-# moments and writes the value and the moments: 28 bytes of the host's
-# memory per 4-byte weight stepped there.
-ADAMW_HOST_MEMORY = 7
-
-# Per byte of fp32 weights: (to the GPU, home, stepped on the host, budget,
-# the host's memory a byte it steps takes) for each way a full fine-tune can
-# place it (least_step_s).
-PLACEMENTS = {
-    "streamed, host step": (2, 1, 1, 0, ADAMW_HOST_MEMORY),   # in for both passes, gradient home
-    "streamed, GPU step": (4, 3, 0, 0, 0),      # and AdamW's two moments both ways
-    "resident, host step": (1, 1, 1, 1, ADAMW_HOST_MEMORY),   # gradient home, stepped weight back
-    "resident, GPU step": (2, 2, 0, 1, 0),      # its moments both ways
-    "resident with moments": (0, 0, 0, 3, 0),   # nothing crosses
-}
-
-# The same, where what crosses for compute under bf16 autocast is the
-# weights' bf16 casts (the values autocast makes on the GPU) and their bf16
-# gradients (whose fp32 upcasts are the gradients autocast gives the fp32
-# weights: one backward a step): half the bytes of every weight and
-# gradient crossing for a host step. A GPU step still needs the fp32
-# weight and moments: a streamed one's forward takes the cast (0.5), its
-# backward the fp32 weight (1, cast on the GPU) and the moments (2).
-# Autocast leaves some weights uncast (an embedding's, a norm's: about 3%
-# of a Llama's), so the least this gives is a little below what a model
-# can take. A host step there also casts the stepped weight (4 bytes read,
-# 2 written) and upcasts its gradient (2 read, 4 written), in passes of
-# their own (PyTorch's fused AdamW does not cast): 12 more bytes of the
-# host's memory a weight, beside AdamW's 28. torch_uvm does not place
-# weights so (yet): least_step_s(..., PLACEMENTS_BF16_CASTS) says what it
-# would leave.
-PLACEMENTS_BF16_CASTS = {
-    "streamed casts, host step": (1, 0.5, 1, 0, ADAMW_HOST_MEMORY + 3),
-    "streamed, GPU step": (3.5, 3, 0, 0, 0),
-    "resident cast, host step": (0.5, 0.5, 1, 0.5, ADAMW_HOST_MEMORY + 3),
-    "resident, GPU step": (2, 2, 0, 1, 0),
-    "resident with moments": (0, 0, 0, 3, 0),
-}
+# The ways a full fine-tune can place a weight byte, and what each moves
+# (floors.py owns them): per byte of fp32 weights, (to the GPU, home, stepped
+# on the host, budget, the host's memory a byte it steps takes, the forward's
+# reads, the backward's reads). PLACEMENTS: AdamW's two fp32 moments cross
+# where a GPU steps a weight without them. PLACEMENTS_BF16_CASTS: under bf16
+# autocast, what crosses for a host step is the weights' bf16 casts (the
+# values autocast makes on the GPU) and their bf16 gradients, half the
+# bytes; autocast leaves some weights uncast (an embedding's, a norm's:
+# about 3% of a Llama's), so the least this gives is a little below what a
+# model can take. torch_uvm does not place weights so (yet):
+# least_step_s(..., PLACEMENTS_BF16_CASTS) says what it would leave.
+PLACEMENTS = placements(states=2.0)
+PLACEMENTS_BF16_CASTS = placements(states=2.0, casts=True)
 
 
 def host_memory_rate(rates: dict) -> Optional[float]:

@@ -101,6 +101,7 @@ from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # torch_uvm
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                   # method
+import floors  # noqa: E402
 import method  # noqa: E402
 import offload_llama  # noqa: E402
 
@@ -493,6 +494,7 @@ ON_GPU = "with the step on the GPU"
 HOST = "the least any placement takes on this host"
 SHARED = "the least on this host, its memory shared"
 CASTS = "the least on this host were bf16 casts to cross"
+TOGETHER = "the least on this host at the rates seen together"
 
 
 def link_limit(weights: int, resident: int, h2d: float, d2h: float, host: int = 0,
@@ -567,6 +569,18 @@ def host_limit(weights: int, budget_bytes: int, h2d: float, d2h: float, runs,
             **({"host_memory_gbps": memory / 1e9} if shared else {})}
 
 
+def together_rates(runs) -> Optional[dict]:
+    """The median over pinned_rate's rounds of each rate floors.regimes
+    reads, or None where a round measured none of the shared ones."""
+    measured = [r for r in runs.get("pinned_rate", []) if r and "both_ways_h2d_gbps" in r]
+    if not measured:
+        return None
+    keys = ("h2d_gbps", "d2h_gbps", "both_ways_h2d_gbps", "both_ways_d2h_gbps",
+            "adamw_alone_elements_per_s", "adamw_beside_copies_elements_per_s",
+            "h2d_beside_adamw_gbps", "d2h_beside_adamw_gbps")
+    return {k: method.summarize([r[k] for r in measured])["median"] for k in keys}
+
+
 def limits(scenario, runs, rounds):
     """Both limits at the median rates, and each round's, for ratios paired
     with the runs of the same round (None where nothing ran to size them)."""
@@ -579,7 +593,8 @@ def limits(scenario, runs, rounds):
     h2d = method.summarize(h2ds)["median"]
     d2h = method.summarize(d2hs)["median"]
     out = {"measured": any(rate_runs), "least": None, "on_gpu": None, "host": None,
-           "shared": None, "casts": None, "casts_shared": None,
+           "shared": None, "casts": None, "casts_shared": None, "together": None,
+           "together_casts": None,
            "least_s": [None] * rounds, "on_gpu_s": [None] * rounds,
            "host_s": [None] * rounds, "shared_s": [None] * rounds}
     if some:
@@ -596,6 +611,12 @@ def limits(scenario, runs, rounds):
                 # placement torch_uvm does not take)
                 out["casts_shared" if shared else "casts"] = host_limit(
                     w, limit_budget, h2d, d2h, runs, shared, method.PLACEMENTS_BF16_CASTS)
+        rates = together_rates(runs)
+        if rates:
+            out["together"] = floors.least_step_together_s(w, limit_budget, rates)
+            if scenario == "llama":
+                out["together_casts"] = floors.least_step_together_s(
+                    w, limit_budget, rates, ways=floors.placements(casts=True))
     if uvm_run:
         w, r = uvm_run["weights_bytes"], uvm_run["resident_weight_bytes"]
         out["on_gpu"] = link_limit(w, r, h2d, d2h)
@@ -640,7 +661,8 @@ def report(scenario, runs, rounds):
           f"crossing too): {describe_limit(on_gpu)}")
     if host:
         print(f"{HOST} (the link as above, the weights the host steps at its fused CPU AdamW's "
-              f"{host['host_adamw_elements_per_s'] / 1e9:.2f} G elements/s beside it; the best "
+              f"solo rate, {host['host_adamw_elements_per_s'] / 1e9:.2f} G elements/s, at once "
+              f"with the link's solo rates; the best "
               f"mix of placements; the GPU's compute not counted): "
               f"{host['seconds']:.3f} s, placing "
               + ", ".join(f"{n} {b / GiB:.2f} GiB" for n, b in host["mix_bytes"].items()))
@@ -662,6 +684,14 @@ def report(scenario, runs, rounds):
               f"{lim['casts']['seconds']:.3f} s (placing {placing(lim['casts'])})"
               + (f"; {lim['casts_shared']['seconds']:.3f} s with its memory shared (placing "
                  f"{placing(lim['casts_shared'])})" if lim["casts_shared"] else ""))
+    if lim["together"]:
+        print(f"{TOGETHER} (floors.py: the link's two ways and the host's AdamW in the "
+              f"combinations this run measured, at those rates; the forward's reads in the "
+              f"forward, the backward's in the backward; the GPU's compute not counted; an "
+              f"estimate, not a floor): {lim['together']['seconds']:.3f} s, placing "
+              + ", ".join(f"{n} {b / GiB:.2f} GiB" for n, b in lim["together"]["mix_bytes"].items())
+              + (f"; {lim['together_casts']['seconds']:.3f} s were bf16 casts to cross"
+                 if lim["together_casts"] else ""))
     unit = "tokens/s" if scenario in TOKENS else "s / step"
     print(f"| variant | {unit} (median of rounds; min-max) | x the link limit ({LEAST}) | "
           f"x the link limit {ON_GPU} (a host_step variant: its own placement's) | x {HOST} | "
@@ -791,7 +821,9 @@ def main():
                      "link_limit_with_step_on_gpu": lim["on_gpu"], "least_on_this_host": lim["host"],
                      "least_on_this_host_memory_shared": lim["shared"],
                      "least_on_this_host_bf16_casts": lim["casts"],
-                     "least_on_this_host_bf16_casts_memory_shared": lim["casts_shared"]}
+                     "least_on_this_host_bf16_casts_memory_shared": lim["casts_shared"],
+                     "least_on_this_host_rates_together": lim["together"],
+                     "least_on_this_host_rates_together_bf16_casts": lim["together_casts"]}
 
         def metric(v):
             return [r["s_per_step"] if r else None for r in runs[s].get(v, [])]
@@ -817,6 +849,9 @@ def main():
             if lim["shared"]:
                 compared[f"({s}) {v}, s per step / {SHARED} (an estimate)"] = method.ratio(
                     metric(v), lim["shared_s"])
+            if lim["together"]:
+                compared[f"({s}) {v}, s per step / {TOGETHER} (an estimate)"] = method.ratio(
+                    metric(v), [lim["together"]["seconds"]] * args.rounds)
             own = table.get(v, {}).get("own_placement_limit")
             own_shared = table.get(v, {}).get("own_placement_limit_memory_shared")
             if method.variant_host_step(v) and own:      # at the median rates

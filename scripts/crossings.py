@@ -21,11 +21,12 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
-from benchmarks.method import machine  # noqa: E402
+from method import machine  # noqa: E402
 
 from lifecycle import cpu_streams, offload_on_cpu  # noqa: E402
 

@@ -368,7 +368,8 @@ def test_the_training_table_holds_each_variant_to_the_least_on_this_host(capsys)
     assert table["torch_uvm_in_backward"]["x_least_on_this_host"] == pytest.approx(1.2 / host)
     assert table["resident"]["x_least_on_this_host"] is None
     assert "the least any placement takes on this host (the link as above" in out
-    assert "1.00 G elements/s beside it; the best mix of placements; the GPU's compute not " \
+    assert "solo rate, 1.00 G elements/s, at once with the link's solo rates; the best mix of " \
+        "placements; the GPU's compute not " \
         "counted" in out
     no_host = offload_train.report("llama", {**runs, "pinned_rate": [
         {"h2d_gbps": 50.0, "d2h_gbps": 50.0}]}, 1)[1]
@@ -425,6 +426,25 @@ def test_the_training_report_prints_the_least_with_the_hosts_memory_shared(capsy
     no_shared = offload_train.report("llama", {**runs, "pinned_rate": [
         {"h2d_gbps": 50.0, "d2h_gbps": 50.0, "host_adamw_elements_per_s": 4e9}]}, 1)[1]
     assert no_shared["shared"] is None and no_shared["shared_s"] == [None]
+
+
+def test_the_training_report_prints_the_least_at_the_rates_seen_together(capsys):
+    """offload_train's report holds each variant to floors.least_step_together_s
+    at the median of the rounds' rates, and says where a run measured none."""
+    import floors
+    runs = llama_runs_with_shared_rates(rounds=2)
+    _, lim = offload_train.report("llama", runs, 2)
+    out = capsys.readouterr().out
+    rates = {**SHARED_RATES, "h2d_gbps": 50.0, "d2h_gbps": 50.0}
+    want = floors.least_step_together_s(12 * GiB, 8 * GiB, rates)
+    assert lim["together"]["seconds"] == pytest.approx(want["seconds"])
+    assert lim["together"]["seconds"] > lim["host"]["seconds"]      # the solo rates at once
+    assert lim["together_casts"]["seconds"] < lim["together"]["seconds"]
+    assert f"{offload_train.TOGETHER} (floors.py" in out
+    assert f"{want['seconds']:.3f} s, placing" in out
+    none = offload_train.report("llama", {**runs, "pinned_rate": [
+        {"h2d_gbps": 50.0, "d2h_gbps": 50.0, "host_adamw_elements_per_s": 4e9}]}, 1)[1]
+    assert none["together"] is None
 
 
 def test_the_least_were_bf16_casts_to_cross_moves_half_of_what_a_host_step_moves():
