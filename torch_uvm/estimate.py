@@ -80,6 +80,27 @@ WORDS = {"generate": "generation", "lora": "LoRA fine-tune", "full": "full fine-
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
+# Config keys of models whose weights a dense decoder's formulas would
+# miscount: experts (each layer holds several MLPs) and an encoder beside
+# the decoder.
+UNREAD_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def refuse_unread(config: dict) -> None:
+    """Refuses a config whose weights the dense decoder-only formulas would
+    miscount, naming the way that measures them: the model itself, on the
+    meta device."""
+    experts = [k for k in UNREAD_KEYS if (config.get(k) or 0) > 1]
+    if experts or config.get("is_encoder_decoder"):
+        what = f"experts ({experts[0]}={config[experts[0]]})" if experts else \
+            "an encoder beside its decoder (is_encoder_decoder)"
+        raise ValueError(
+            f"torch_uvm: estimate's formulas count a dense decoder-only model's weights, and "
+            f"this config has {what}: pass the model itself instead, built on the meta device "
+            f"(with torch.device('meta'): AutoModelForCausalLM.from_config(config)), whose "
+            f"units are then measured")
+
+
 @dataclasses.dataclass
 class Shape:
     """What the estimate reads of a config."""
@@ -303,6 +324,8 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
         with open(path) as f:
             config = json.load(f)
     shape = Shape.from_config(config)
+    if module is None:
+        refuse_unread(config)
     if dtype is None:
         dtype = "float32" if task == "full" else \
             config.get("torch_dtype") or config.get("dtype") or "bfloat16"

@@ -218,6 +218,21 @@ def test_a_models_eager_attention_counts_its_probabilities():
         estimate(eager, **common).gpu["activations"]
 
 
+@pytest.mark.parametrize("extra, what", [
+    ({"num_local_experts": 8}, r"experts \(num_local_experts=8\)"),
+    ({"num_experts": 60}, r"experts \(num_experts=60\)"),
+    ({"is_encoder_decoder": True}, "an encoder beside its decoder"),
+])
+def test_a_config_the_formulas_would_miscount_is_refused(extra, what):
+    """Experts or an encoder: the dense formulas would count too few
+    weights, so a bound made from them could be passed; the error names the
+    model on the meta device as the way. One expert is a dense model."""
+    with pytest.raises(ValueError, match=what + ".*meta device"):
+        estimate({**TINY, **extra}, link_gbps=None)
+    assert estimate({**TINY, "num_local_experts": 1}, link_gbps=None).weights == \
+        estimate(TINY, link_gbps=None).weights
+
+
 def test_the_least_bound_is_the_least_whose_margin_leaves_the_process():
     from torch_uvm.estimate import MARGIN_PARTS, least_bound
     for process in list(range(1, 4000)) + [10 ** 10 + 7, (3 << 30) + 5]:
