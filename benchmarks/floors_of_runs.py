@@ -20,7 +20,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("runs", nargs="+")
     args = ap.parse_args(argv)
-    print("| run | scenario | link's least | solo rates at once | rates seen together "
+    print("| run | scenario | link's least (bf16 casts among the placements under autocast) "
+          "| solo rates at once | rates seen together "
           "(bf16 casts) | torch_uvm s a step |")
     print("|---|---|---|---|---|---|")
     for path in args.runs:
@@ -37,12 +38,14 @@ def main(argv=None) -> None:
             host = offload_train.host_rate(runs)
             solo = method.least_step_s(w, b, h2d, d2h, 4 * host)["seconds"] if host else None
             together = floors.least_step_together_s(w, b, rates)["seconds"]
-            casts = floors.least_step_together_s(w, b, rates, ways=floors.placements(casts=True))["seconds"]
+            casts = floors.least_step_together_s(
+                w, b, rates, ways=floors.placements(casts=True))["seconds"] \
+                if scenario in offload_train.AUTOCAST else None
             steps = {v: [round(r["s_per_step"], 3) for r in rs if r and "s_per_step" in r]
                      for v, rs in runs.items() if v.startswith("torch_uvm")}
             print(f"| {path} | {scenario} | "
-                  f"{method.least_training_limit_s(w, b, h2d, d2h):.3f} | "
-                  f"{'—' if solo is None else f'{solo:.3f}'} | {together:.3f} ({casts:.3f}) | "
+                  f"{offload_train.least_limit(w, b, h2d, d2h, scenario in offload_train.AUTOCAST)['seconds']:.3f} | "
+                  f"{'—' if solo is None else f'{solo:.3f}'} | {together:.3f} ({'—' if casts is None else f'{casts:.3f}'}) | "
                   + "; ".join(f"{v} {s}" for v, s in steps.items()) + " |")
 
 
