@@ -65,6 +65,26 @@ CASES = [
      dict(task="generate", budget="8GiB", batch=1, seq=32, new_tokens=16, dtype="bfloat16"),
      ("2026-11-26-h100/offload_llama.json", ["runs", "torch_uvm_8GiB_b1"]),
      "batches.1.gpu_peak_timed_bytes", "host_peak_bytes", "batches.1.tokens_per_s"),
+    ("3B full fine-tune, 8 GiB, step in backward, host step, H200", LLAMA_3B,
+     dict(task="full", budget="8GiB", batch=4, seq=1024, host_step=1.0),
+     ("2026-11-29-h200/trees-17a9b08-3B.json",
+      ["runs", "offload_train:llama/torch_uvm_in_backward_host1_nonblocking", "new"]),
+     "process_gpu_memory.peak_bytes", "host_peak_bytes", "s_per_step"),
+    ("7B LoRA, 1 GiB, batch 4, H200", LLAMA_7B,
+     dict(task="lora", budget="1GiB", batch=4, seq=1024, dtype="bfloat16"),
+     ("2026-11-28-h200/trees-17a9b08-59b15da.json",
+      ["runs", "offload_lora:lora/torch_uvm_1GiB", "new"]),
+     "batches.4.gpu_peak_timed_bytes", "host_peak_bytes", "batches.4.s_per_step"),
+    ("7B generation, 4 GiB, batch 1, H200", LLAMA_7B,
+     dict(task="generate", budget="4GiB", batch=1, seq=32, new_tokens=16, dtype="bfloat16"),
+     ("2026-11-29-h200/trees-17a9b08-7B-generation.json",
+      ["runs", "offload_llama:generate/torch_uvm_4GiB_b1", "new"]),
+     "batches.1.gpu_peak_timed_bytes", "host_peak_bytes", "batches.1.tokens_per_s"),
+    ("7B generation, 4 GiB, batch 8, H200", LLAMA_7B,
+     dict(task="generate", budget="4GiB", batch=8, seq=32, new_tokens=16, dtype="bfloat16"),
+     ("2026-11-29-h200/trees-17a9b08-7B-generation.json",
+      ["runs", "offload_llama:generate/torch_uvm_4GiB_b8", "new"]),
+     "batches.8.gpu_peak_timed_bytes", "host_peak_bytes", "batches.8.tokens_per_s"),
     ("3 GiB fp16 generation, 1.5 GiB, batch 1", GPT2_GEN,
      dict(task="generate", budget=3 * GiB // 2, batch=1, seq=32, new_tokens=32, dtype="float16"),
      ("2026-11-26-h100/offload_generate.json", ["runs", "torch_uvm_offload"]),
@@ -83,14 +103,16 @@ def dig(d, dotted):
 def measured(source, gpu_key, host_key, time_key, batch):
     """(GPU peak, host peak, seconds a step or a token, the pinned rate) of
     the run's last round that recorded them (a token: every sequence of the
-    batch one token further, from tokens/s over the batch)."""
+    batch one token further, from tokens/s over the batch). A trees.py run
+    names its tree last ("new": this project's tree then)."""
     path, keys = source
     with open(os.path.join(RESULTS, path)) as f:
-        runs = json.load(f)
+        runs = top = json.load(f)
     for k in keys[:-1]:
         runs = runs[k]
     run = [r for r in runs[keys[-1]] if r][-1]
-    rates = [r for r in runs.get("pinned_rate", []) if r]
+    # (a benchmark's own rounds, or trees.py's, which keeps its rates at the top)
+    rates = [r for r in runs.get("pinned_rate", top.get("pinned_rates", [])) if r]
     seconds = dig(run, time_key)
     if seconds is not None and time_key.endswith("tokens_per_s"):
         seconds = batch / seconds

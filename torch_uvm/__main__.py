@@ -28,6 +28,9 @@ def main(argv=None) -> int:
     e.add_argument("--no-autocast", action="store_true")
     e.add_argument("--step-after-backward", action="store_true",
                    help="the gradients go home (the default steps in backward)")
+    e.add_argument("--host-step", type=float, default=0.0,
+                   help="the share of the streamed weights stepped on the host (their "
+                        "gradients go home), as stream_optimizer's host_step")
     e.add_argument("--link-gbps", type=float, default=None,
                    help="the pinned rate to bound the time by (default: measured, if a GPU is here)")
     args = ap.parse_args(argv)
@@ -38,6 +41,7 @@ def main(argv=None) -> int:
                        units=args.units, ahead=args.ahead, lora_rank=args.lora_rank,
                        checkpointing=not args.no_checkpointing, autocast=not args.no_autocast,
                        step_in_backward=not args.step_after_backward,
+                       host_step=args.host_step,
                        link_gbps=args.link_gbps if args.link_gbps else "measure")
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)

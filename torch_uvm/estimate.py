@@ -33,7 +33,11 @@ each comes from):
 
 Host memory: the pinned homes (the weights; for a full fine-tune also
 AdamW's two states in fp32, and the gradients' unless they step in
-backward), and ``HOST_RUNTIME_BYTES`` for the process's libraries.
+backward, or, with ``host_step``, the host-stepped share of the streamed
+weights' gradients), and ``HOST_RUNTIME_BYTES`` for the process's
+libraries. What a training plan streams is the weights less what it keeps
+resident: the budget less the least budget and the gradients' copies'
+share of it (``streamed_in_training``).
 
 The time is a floor, never above what a run can do: the least bytes any
 placement moves over the link each step or token at the measured pinned
@@ -50,6 +54,7 @@ from typing import Dict, Optional
 import torch
 
 from .offload_state import window_bytes
+from .host_step import copies_share
 from .activations import DEFAULT_WINDOW as ACTIVATIONS_WINDOW
 from .sizes import card_bytes, parse_bytes
 
@@ -64,6 +69,15 @@ RUNTIME_BYTES = GiB // 4
 # error: a 7B's generation and full fine-tune under 24 GiB took 5.9% and 5.1%
 # more than estimated (benchmarks/results/2026-11-28-h200, recipes-816cac6).
 MARGIN_PARTS = 16
+
+
+def streamed_in_training(weights: int, budget: int, least: int) -> int:
+    """The weights a training plan streams under `budget`: what it keeps
+    resident is the budget less the least one (the streaming window and a
+    step's room) and the share the gradients copying home may take
+    (host_step.copies_share)."""
+    resident = max(0, budget - least - int(copies_share() * budget))
+    return max(0, min(weights, weights - resident))
 
 
 def least_bound(process: int) -> int:
@@ -274,7 +288,7 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
              ahead: int = 1, checkpointing: bool = True, eager_attention: Optional[bool] = None,
              lora_rank: int = 16, autocast: bool = True, step_in_backward: bool = True,
              link_gbps: Optional[float] = "measure", taken: Optional[int] = None,
-             activations_home=False) -> Estimate:
+             activations_home=False, host_step: float = 0.0) -> Estimate:
     """The estimate of an offload of the model `config` describes (a
     ``config.json``, its folder, or its dict; or a Hugging Face model
     itself, on the meta device say, whose units are then measured as
@@ -294,12 +308,18 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
     measures them), a part of its own. `activations_home`: saved
     activations go to pinned host memory (offload_activations), so at most
     two of its windows of them stay; "auto": only when gpu_memory cannot
-    hold them otherwise. `eager_attention`: the attention keeps its
+    hold them otherwise. `host_step` (a full fine-tune stepping in
+    backward): the share of the streamed weights stepped on the host, whose
+    gradients then go home (stream_optimizer's host_step). `eager_attention`: the attention keeps its
     probabilities for backward (Hugging Face's "eager"); default: as a
     model's ``config._attn_implementation`` says, False for a config file
     (which does not record it)."""
     if task not in TASKS:
         raise ValueError(f"torch_uvm: estimate's task is one of {TASKS}, got {task!r}")
+    if isinstance(host_step, bool) or not isinstance(host_step, (int, float)) or \
+            not 0 <= host_step <= 1:
+        raise ValueError(f"torch_uvm: estimate's host_step is a share from 0 to 1 of the "
+                         f"streamed weights stepped on the host, got {host_step!r}")
     if units not in ("submodules", "layers") and not isinstance(config, torch.nn.Module):
         raise ValueError(f"torch_uvm: estimate's units is 'submodules' or 'layers' (of a module: "
                          f"anything offload's units takes), got {units!r}")
@@ -410,6 +430,8 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
     gpu = gpu_parts(chosen, home, margin)
     if task == "full":     # weights, two states, and gradients unless they step in backward
         host = weights * (3 if step_in_backward else 4)
+        if step_in_backward and host_step:      # the host-stepped ones' gradients go home
+            host += int(host_step * streamed_in_training(weights, chosen, least))
     elif task == "lora" and trainable is not None:   # the adapters are among the weights:
         host = weights + 3 * sum(trainable)              # their gradients and AdamW's states
     elif task == "lora":

@@ -233,6 +233,30 @@ def test_a_config_the_formulas_would_miscount_is_refused(extra, what):
         estimate(TINY, link_gbps=None).weights
 
 
+def test_a_host_step_gives_its_streamed_weights_gradient_homes():
+    """With host_step, the streamed weights stepped on the host have
+    gradient homes: what the plan streams is the weights less what it keeps
+    resident (the budget less the least budget and the copies' share of
+    it). By hand on TINY in fp32 (6.5 MiB) under a 5 MiB budget."""
+    from torch_uvm.host_step import COPIES_AHEAD_SHARE
+    budget = 5 << 20
+    common = dict(task="full", budget=budget, batch=2, seq=8, link_gbps=None)
+    plain = estimate(TINY, **common)
+    resident = budget - plain.least_budget - int(COPIES_AHEAD_SHARE * budget)
+    assert 0 < resident < plain.weights
+    streamed = plain.weights - resident
+    assert plain.host_pinned == 3 * plain.weights
+    assert estimate(TINY, host_step=1.0, **common).host_pinned == 3 * plain.weights + streamed
+    assert estimate(TINY, host_step=0.5, **common).host_pinned == \
+        3 * plain.weights + int(0.5 * streamed)
+    # stepping after backward, every gradient has its home already
+    after = dict(common, step_in_backward=False)
+    assert estimate(TINY, host_step=1.0, **after).host_pinned == 4 * plain.weights
+    for bad in (-0.1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="host_step is a share from 0 to 1"):
+            estimate(TINY, host_step=bad, **common)
+
+
 def test_the_least_bound_is_the_least_whose_margin_leaves_the_process():
     from torch_uvm.estimate import MARGIN_PARTS, least_bound
     for process in list(range(1, 4000)) + [10 ** 10 + 7, (3 << 30) + 5]:
