@@ -33,6 +33,11 @@ def watch(state) -> None:
     _wrap_once()
 
 
+def unwatch(state) -> None:
+    """It steps in backward no more (undone)."""
+    _WATCHED.discard(state)
+
+
 def stepped(params: List[torch.Tensor]) -> List[str]:
     """The submodules among `params`' that stepped in this backward."""
     return [name for h in list(_WATCHED) for name in h.stepped_in_backward(params)]
@@ -48,12 +53,14 @@ def _guarded(clip: Callable, what: str) -> Callable:
             if names:
                 raise RuntimeError(
                     f"torch_uvm: {what} over parameters whose gradients already stepped in "
-                    f"this backward (stream_optimizer(step_in_backward=True)): "
+                    f"this backward (stream_optimizer(step_in_backward=True), or "
+                    f"torch_uvm.fsdp.step_in_backward): "
                     f"{names[:4]}{' ...' if len(names) > 4 else ''}. Their gradients are "
-                    f"gone, so nothing would be clipped. To clip, use "
-                    f"stream_optimizer(optimizer) without step_in_backward (the Hugging Face "
-                    f"Trainer clips by default: max_grad_norm=1.0); to step in backward, "
-                    f"do not clip (Trainer: max_grad_norm=0)")
+                    f"gone, so nothing would be clipped. To clip, step after backward: "
+                    f"stream_optimizer(optimizer) without step_in_backward, or FSDP2 without "
+                    f"fsdp.step_in_backward (the Hugging Face Trainer clips by default: "
+                    f"max_grad_norm=1.0); to step in backward, do not clip (Trainer: "
+                    f"max_grad_norm=0)")
         return clip(parameters, *args, **kwargs)
     guarded._torch_uvm_guard = True
     return guarded

@@ -39,6 +39,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from . import _C, host_step
+from .narrowed_step import step_over
 
 if TYPE_CHECKING:
     from .offload_state import OffloadState
@@ -383,19 +384,6 @@ def _streamable(t, on_gpu: bool = True) -> bool:
         t.nbytes >= _C.SMALLEST_STREAMED_STATE
 
 
-def _own_step(optimizer, own, ids, kwargs) -> None:
-    """The optimizer's own step over the parameters in `ids` alone."""
-    groups = optimizer.param_groups
-    saved = [g["params"] for g in groups]
-    try:
-        for g, all_params in zip(groups, saved):
-            g["params"] = [p for p in all_params if id(p) in ids]
-        own(**kwargs)
-    finally:
-        for g, all_params in zip(groups, saved):
-            g["params"] = all_params
-
-
 def _step_unit(state: "OffloadState", optimizer, own, unit: "Unit", with_grads: bool,
                kwargs=None) -> bool:
     """The optimizer's own step on `unit`'s parameters alone, on the GPU.
@@ -421,7 +409,7 @@ def _step_unit(state: "OffloadState", optimizer, own, unit: "Unit", with_grads: 
     if state.host_step:
         host_step.steps_to_gpu(optimizer, params)
     try:
-        _own_step(optimizer, own, ids, kwargs or {})
+        step_over(optimizer, own, ids, kwargs or {})
         stepped.update(id(p) for p in params)
     finally:
         after = [t for p in params for t in state_tensors(optimizer, p)]
@@ -441,7 +429,7 @@ def step(state: "OffloadState", optimizer: torch.optim.Optimizer, original_step,
              if id(p) not in ours and p.grad is not None}
     if state.executor is None:        # no forward ran: nothing of ours has a gradient
         if plain:
-            _own_step(optimizer, original_step, plain, kwargs)
+            step_over(optimizer, original_step, plain, kwargs)
         return
     end_failed_backward(state)
     state.executor.step_begins()     # the gradients as the compute stream left them
@@ -469,7 +457,7 @@ def step(state: "OffloadState", optimizer: torch.optim.Optimizer, original_step,
                         f"the module is consistent (undo() gives it back)")
                 _raise_with_note(e, note)
         if plain:
-            _own_step(optimizer, original_step, plain, kwargs)
+            step_over(optimizer, original_step, plain, kwargs)
     except BaseException:
         try:
             state.host_steps.wait()       # its error would hide the one raised here

@@ -1,0 +1,169 @@
+"""torch_uvm.fsdp.step_in_backward on two CPU ranks (gloo), as FSDP2 users
+write it: each param group steps as its reduced gradients complete, and the
+losses, parameters and optimizer states equal FSDP2's own step after
+backward, bit for bit. Clipping, accumulation and a closure are refused."""
+import os
+import socket
+import sys
+import traceback
+
+import pytest
+import torch
+
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("needs torch.distributed with gloo", allow_module_level=True)
+
+import torch.multiprocessing as mp  # noqa: E402
+
+import torch_uvm.fsdp as tfsdp  # noqa: E402
+
+STEPS = 3
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def make(mesh):
+    """Three Linear blocks (9 rows: shards of uneven size), each fully_shard,
+    and the root."""
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 9), torch.nn.ReLU(), torch.nn.Linear(9, 8),
+                                torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    for block in (model[0], model[2], model[4]):
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def train(model, optimizer, rank, out):
+    torch.manual_seed(10 + rank)
+    losses = []
+    for _ in range(STEPS):
+        loss = model(torch.randn(4, 8)).square().mean()
+        loss.backward()
+        out.setdefault("grads_after_backward", []).append(
+            sum(p.grad is not None for p in model.parameters()))
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def full(model, optimizer):
+    """Every parameter and AdamW state, whole (the ranks' shards gathered)."""
+    params = [p.full_tensor() for p in model.parameters()]
+    states = [optimizer.state[p][k].full_tensor() for p in model.parameters()
+              for k in ("exp_avg", "exp_avg_sq")]
+    return params, states
+
+
+def worker(rank, world, port, queue):
+    out = {}
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        mesh = init_device_mesh("cpu", (world,))
+        reference = make(mesh)
+        ref_opt = torch.optim.AdamW(reference.parameters(), lr=0.05)
+        want = train(reference, ref_opt, rank, {})
+        model = make(mesh)
+        stray = torch.optim.SGD([*model.parameters(), torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+        try:
+            tfsdp.step_in_backward(model, stray)
+        except ValueError as err:
+            out["other"] = str(err)
+        out["other_untouched"] = "step" not in vars(stray)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+        steps = tfsdp.step_in_backward(model, optimizer)
+        out["groups"] = steps.names
+        got = train(model, optimizer, rank, out)
+        out["losses_equal"] = got == want
+        (gp, gs), (wp, ws) = full(model, optimizer), full(reference, ref_opt)
+        out["params_equal"] = all(torch.equal(a, b) for a, b in zip(gp, wp))
+        out["states_equal"] = all(torch.equal(a, b) for a, b in zip(gs, ws))
+        # clipping what stepped in backward, a second backward before the
+        # step, and a closure: each refused
+        model(torch.randn(4, 8)).sum().backward()
+        try:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        except RuntimeError as err:
+            out["clip"] = str(err)
+        try:
+            model(torch.randn(4, 8)).sum().backward()
+        except RuntimeError as err:
+            out["accumulate"] = str(err)
+        with torch.no_grad():
+            out["evaluates"] = model(torch.randn(4, 8)).shape == (4, 4)
+        try:
+            optimizer.step(lambda: 0.0)
+        except ValueError as err:
+            out["closure"] = str(err)
+        optimizer.step()
+        optimizer.zero_grad()
+        try:
+            tfsdp.step_in_backward(model, optimizer)
+        except ValueError as err:
+            out["twice"] = str(err)
+        steps.undo()
+        model(torch.randn(4, 8)).sum().backward()           # FSDP2's own again
+        out["grads_after_undo"] = sum(p.grad is not None for p in model.parameters())
+        before = [p.full_tensor() for p in model.parameters()]
+        optimizer.step()
+        out["undo_steps"] = any(not torch.equal(a, p.full_tensor())
+                                for a, p in zip(before, model.parameters()))
+        dist.destroy_process_group()
+    except BaseException:
+        out["error"] = traceback.format_exc()
+    queue.put((rank, out))
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    world, ctx = 2, mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=worker, args=(r, world, port, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=240) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    for r, out in results.items():
+        assert "error" not in out, f"rank {r}:\n{out['error']}"
+    return results
+
+
+def test_each_param_group_steps_in_backward_as_fsdp2_steps_after_it(ranks):
+    for out in ranks.values():
+        assert out["groups"] == ["4", "2", "0"]        # one a block; the root owns none
+        assert out["grads_after_backward"] == [0] * STEPS   # stepped, their gradients let go
+        assert out["losses_equal"] and out["params_equal"] and out["states_equal"]
+
+
+def test_clipping_accumulation_and_a_closure_are_refused(ranks):
+    for out in ranks.values():
+        assert "stepped in this backward" in out["clip"] and "fsdp.step_in_backward" in \
+            out["clip"]
+        assert "a forward with gradients before optimizer.step()" in out["accumulate"]
+        assert out["evaluates"]
+        assert "step(closure)" in out["closure"]
+        assert "steps in backward already" in out["twice"]
+        assert "1 parameters that are not the sharded model's" in out["other"]
+        assert out["other_untouched"]
+        assert out["grads_after_undo"] == 6 and out["undo_steps"]
+
+
+def test_a_model_without_fully_shard_and_lbfgs_are_refused():
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="call fully_shard on its blocks"):
+        tfsdp.step_in_backward(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="LBFGS cannot step a group at a time"):
+        tfsdp.step_in_backward(model, torch.optim.LBFGS(model.parameters()))

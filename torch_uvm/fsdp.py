@@ -1,0 +1,186 @@
+"""FSDP2 composed with torch_uvm (issue 57; design.md, "Beyond one GPU").
+The user's code stays FSDP2's:
+
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    torch_uvm.fsdp.step_in_backward(model, optimizer)
+    ...
+    loss.backward()          # each param group steps as its gradients complete
+    optimizer.step()         # steps what did not, and ends the step
+    optimizer.zero_grad()
+
+A **param group** is the parameters one ``fully_shard`` call manages (those
+of its module not managed by a nested one). Each is a unit of the core
+lifecycle (csrc/core/unit_lifecycle.h), as an offloaded submodule is. Its
+gradients are complete once FSDP2 has called the post-accumulate-grad hook
+of each of its trainable sharded parameters, after their reduce-scatter.
+Then it steps at once, while the backward goes on:
+- the optimizer's own step, narrowed to its parameters;
+- its gradients are then let go.
+
+So, as under an offload's ``step_in_backward``:
+- PyTorch's clipping of those parameters raises;
+- a forward with gradients before ``optimizer.step()`` (accumulation)
+  raises, before anything of it runs;
+- so does ``step(closure)``.
+
+Built so far: this step, tested on two CPU ranks (gloo). Not yet built: the
+shards in pinned homes that FSDP2's copy-in reads in place, and the host's
+step. Not yet run on GPUs."""
+from __future__ import annotations
+
+import weakref
+from typing import List, Tuple
+
+import torch
+
+from . import _C, clipping
+from .narrowed_step import step_over
+
+
+def param_groups(model: torch.nn.Module) -> List[Tuple[str, List[torch.nn.Parameter]]]:
+    """(module name, its parameters) of each ``fully_shard`` call within
+    `model`, the innermost first; groups without parameters left out."""
+    from torch.distributed.fsdp import FSDPModule
+    owners = [(name, m) for name, m in model.named_modules() if isinstance(m, FSDPModule)]
+    taken, groups = set(), []
+    for name, m in reversed(owners):       # (pre-order reversed: nested ones first)
+        params = [p for p in m.parameters() if id(p) not in taken]
+        taken.update(id(p) for p in params)
+        if params:
+            groups.append((name or "(the root)", params))
+    return groups
+
+
+class ShardSteps:
+    """What step_in_backward installed: the lifecycle of `model`'s param
+    groups and the optimizer's step. ``undo()`` takes it out."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 groups: List[Tuple[str, List[torch.nn.Parameter]]]):
+        self.model, self.optimizer = model, optimizer
+        self.names = [n for n, _ in groups]
+        self.params = [ps for _, ps in groups]
+        self.lifecycle = _C.UnitLifecycle(self.names)
+        self._own_step = optimizer.step
+        self._events: List["torch.cuda.Event"] = []
+        stepped = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        self._hooks = []
+        ref = weakref.ref(self)
+        for i, params in enumerate(self.params):
+            trainable = [p for p in params if p.requires_grad and id(p) in stepped]
+            self.lifecycle.set_expected(i, len(trainable))
+            for p in trainable:
+                self._hooks.append(p.register_post_accumulate_grad_hook(
+                    lambda _p, i=i: (lambda s: s and s.gradient(i))(ref())))
+        self._hooks.append(model.register_forward_pre_hook(
+            lambda _m, _a: (lambda s: s and s.before_forward())(ref()), prepend=True))
+        optimizer.step = self.step
+        optimizer._torch_uvm_shard_steps = self
+        clipping.watch(self)
+
+    def before_forward(self) -> None:
+        """Before FSDP2's own pre-forward (prepended): a forward that will
+        take gradients while groups stepped in the last backward and no
+        optimizer.step() came since is refused here, before anything of
+        it runs (its backward would step them twice)."""
+        if torch.is_grad_enabled() and self.lifecycle.stepped_in_backward():
+            raise RuntimeError(
+                "torch_uvm: a forward with gradients before optimizer.step(): its param "
+                "groups stepped in the last backward already (fsdp.step_in_backward), so "
+                "gradients cannot accumulate over backwards. Call optimizer.step() after each "
+                "backward, or run this forward under torch.no_grad(); to accumulate, step "
+                "after backward (without fsdp.step_in_backward)")
+
+    def gradient(self, unit: int) -> None:
+        """One of the unit's reduced gradients is in (FSDP2's hook, in the
+        backward): the backward opens at its first; the unit steps at its last."""
+        life = self.lifecycle
+        if not life.backward_active():
+            opened, _ = life.backward_begins(unit, True)
+            if opened:
+                ref = weakref.ref(self)
+                torch.autograd.Variable._execution_engine.queue_callback(
+                    lambda: (lambda s: s and s.end_backward())(ref()))
+        if life.gradient(unit, torch._C._current_graph_task_id()):
+            life.steps_in_backward(unit)            # (refused if it stepped already)
+            self._step(unit)
+            life.stepped(unit, True)
+            for p in self.params[unit]:
+                p.grad = None
+            if self.params[unit][0].is_cuda:       # the next forward's gathers after it
+                event = torch.cuda.Event()
+                event.record()
+                self._events.append(event)
+
+    def _step(self, unit: int) -> None:
+        ids = {id(p) for p in self.params[unit] if p.grad is not None}
+        if ids:
+            step_over(self.optimizer, self._own_step, ids, {})
+
+    def end_backward(self) -> None:
+        """The backward's end: the compute stream waits for the steps taken
+        on FSDP2's streams; units with part of their gradients step in
+        optimizer.step()."""
+        self.lifecycle.end_backward()
+        for event in self._events:
+            torch.cuda.current_stream().wait_event(event)
+        self._events.clear()
+
+    def step(self, closure=None):
+        """optimizer.step(): the groups that did not step in backward step
+        now; then every group may step again."""
+        if closure is not None:
+            raise ValueError("torch_uvm: step(closure) runs the closure's backward, whose "
+                             "groups step in it already (step_in_backward): call the "
+                             "closure, then step() without it")
+        done = set(self.lifecycle.stepped_units())
+        for unit in range(len(self.params)):
+            if unit not in done and any(p.grad is not None for p in self.params[unit]):
+                self._step(unit)
+                self.lifecycle.stepped(unit, False)
+        self.lifecycle.step_ends()
+
+    def stepped_in_backward(self, params) -> List[str]:
+        """The groups among `params`' that stepped in this backward: what a
+        clipping of them would not see (clipping.py asks)."""
+        ids = {id(p) for p in params}
+        return [self.names[u] for u in self.lifecycle.stepped_in_backward()
+                if any(id(p) in ids for p in self.params[u])]
+
+    def undo(self) -> None:
+        """The hooks removed and the optimizer's own step back."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        self.optimizer.step = self._own_step
+        del self.optimizer._torch_uvm_shard_steps
+        clipping.unwatch(self)
+
+
+def step_in_backward(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> ShardSteps:
+    """Each FSDP2 param group of `model` steps with `optimizer` as soon as
+    its reduced gradients are complete, in the backward (the module's doc).
+    Call it after ``fully_shard`` and after making the optimizer over
+    ``model.parameters()``. Refused, before anything changes: a model
+    without ``fully_shard``, an optimizer over other parameters or already
+    so, and LBFGS."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("torch_uvm: LBFGS cannot step a group at a time: its step evaluates "
+                         "the closure several times over every parameter")
+    groups = param_groups(model)
+    if not groups:
+        raise ValueError("torch_uvm: fsdp.step_in_backward steps FSDP2's param groups, and this "
+                         "model has none: call fully_shard on its blocks and on the model first")
+    if getattr(optimizer, "_torch_uvm_shard_steps", None) is not None:
+        raise ValueError("torch_uvm: this optimizer steps in backward already "
+                         "(fsdp.step_in_backward was called for it)")
+    ours = {id(p) for _, ps in groups for p in ps}
+    others = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in ours]
+    if others:
+        raise ValueError(f"torch_uvm: the optimizer holds {len(others)} parameters that are not "
+                         f"the sharded model's (made before fully_shard, or another model's): "
+                         f"make it after fully_shard, from model.parameters()")
+    return ShardSteps(model, optimizer, groups)
