@@ -60,7 +60,7 @@ ADAMW_HOST_MEMORY = 7
 CAST_HOST_MEMORY = 3
 
 FIELDS = ("to_gpu", "home", "host_step", "budget", "host_memory", "forward_reads",
-          "backward_reads")
+          "backward_reads", "states_in")
 
 
 def placements(states: float = 2.0, casts: bool = False) -> Dict[str, Tuple[float, ...]]:
@@ -70,15 +70,17 @@ def placements(states: float = 2.0, casts: bool = False) -> Dict[str, Tuple[floa
     - to the GPU and home over the link;
     - the bytes stepped on the host, and the budget taken;
     - the host's memory a byte stepped there takes;
-    - of the bytes to the GPU, those the forward reads and those the
-      backward reads.
+    - of the bytes to the GPU, those the forward reads, those the
+      backward reads, and the states brought for a GPU step (which need
+      no gradient: they may come during the forward).
 
     `states`: the optimizer's state bytes per weight byte (AdamW 2,
     8-bit AdamW 0.5). It counts where the states cross, that is where a GPU
     steps a weight whose states are not resident. `casts`: under bf16
     autocast, a host-stepped weight's bf16 cast crosses for compute (half
     its bytes), and its bf16 gradient goes home. A GPU step still takes the
-    fp32 weight in the backward."""
+    fp32 weight in the backward, and sends home the bf16 cast the next
+    forward reads beside the stepped fp32 weight."""
     if states < 0:
         raise ValueError(f"placements: states must be >= 0 bytes a weight byte, got {states}")
     c = 0.5 if casts else 1.0                     # what the compute reads of a weight byte
@@ -86,17 +88,18 @@ def placements(states: float = 2.0, casts: bool = False) -> Dict[str, Tuple[floa
     s = float(states)
     streamed_host = "streamed casts, host step" if casts else "streamed, host step"
     resident_host = "resident cast, host step" if casts else "resident, host step"
+    cast_home = c if casts else 0.0              # the next forward's cast, made on the GPU
     return {
         # in for both passes, its gradient home, stepped there
-        streamed_host: (2 * c, c, 1, 0, host, c, c),
+        streamed_host: (2 * c, c, 1, 0, host, c, c, 0),
         # in for the forward (a cast where autocast makes one) and for the
         # backward (fp32: the GPU steps it), its states both ways
-        "streamed, GPU step": (c + 1 + s, 1 + s, 0, 0, 0, c, 1),
+        "streamed, GPU step": (c + 1 + s, 1 + s + cast_home, 0, 0, 0, c, 1, s),
         # the gradient home, the stepped weight (or its cast) back
-        resident_host: (c, c, 1, c, host, 0, 0),
+        resident_host: (c, c, 1, c, host, 0, 0, 0),
         # its states both ways
-        "resident, GPU step": (s, s, 0, 1, 0, 0, 0),
-        "resident with states": (0, 0, 0, 1 + s, 0, 0, 0),
+        "resident, GPU step": (s, s, 0, 1, 0, 0, 0, s),
+        "resident with states": (0, 0, 0, 1 + s, 0, 0, 0, 0),
     }
 
 
@@ -144,9 +147,9 @@ def least_step_together_s(weights: int, budget: int, rates: dict,
       phase the backward's;
     - all the phases together carry every byte each way and every element
       the host steps;
-    - without `carry`, the forward carries nothing else: the copies home,
-      the host's steps and the weights coming back end before the next
-      forward;
+    - without `carry`, the copies home, the host's steps and the weights
+      coming back from a step end before the next forward (the states a
+      GPU step brings need no gradient: they may come in the forward);
     - the forward's and the backward's phases last at least `compute_s`.
 
     Returns the seconds, each phase's seconds, the bytes of each placement,
@@ -183,10 +186,12 @@ def least_step_together_s(weights: int, budget: int, rates: dict,
     # each pass's reads within its phase
     a_ub.append(row([col[5] for col in cols], capacity([fwd], 0, 1.0)))
     a_ub.append(row([col[6] for col in cols], capacity([bwd], 0, 1.0)))
-    # everything to the GPU; without carry, all but the forward's reads after the forward
+    # everything to the GPU; without carry, what needs a step (a stepped
+    # weight coming back) or a backward (its reads) after the forward
     a_ub.append(row([col[0] for col in cols], capacity(everywhere, 0, 1.0)))
     if not carry:
-        a_ub.append(row([col[0] - col[5] for col in cols], capacity(not_forward, 0, 1.0)))
+        a_ub.append(row([col[0] - col[5] - col[7] for col in cols],
+                        capacity(not_forward, 0, 1.0)))
     # home, and the host's steps (fp32 elements, slower where it also casts)
     host_work = [col[2] / 4 * (col[4] / ADAMW_HOST_MEMORY if col[4] else 1) for col in cols]
     for phases in ([everywhere] if carry else [not_forward]):

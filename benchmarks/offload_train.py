@@ -583,8 +583,9 @@ def host_limit(weights: int, budget_bytes: int, h2d: float, d2h: float, runs,
 
 
 def together_rates(runs) -> Optional[dict]:
-    """The median over pinned_rate's rounds of each rate floors.regimes
-    reads, or None where a round measured none of the shared ones."""
+    """The median, over the pinned_rate rounds that measured the shared
+    rates, of each rate floors.regimes reads (the solo ones of those same
+    rounds), or None where no round measured them."""
     measured = [r for r in runs.get("pinned_rate", []) if r and "both_ways_h2d_gbps" in r]
     if not measured:
         return None

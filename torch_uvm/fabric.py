@@ -68,6 +68,12 @@ class OffloadFabricStrategy(StrategySettings, SingleDeviceStrategy):
                 "offload, and no model is set up yet: call fabric.setup(model, optimizer), or "
                 "fabric.setup_module(model) before fabric.setup_optimizers(optimizer)")
         if not self.handle.streams(optimizer):
+            before = [g["params"] for g in optimizer.param_groups]
             self.handle.rebind_optimizer(optimizer)   # (made before setup: the originals)
-            self.handle.stream_optimizer(optimizer, **self.stream)
+            try:
+                self.handle.stream_optimizer(optimizer, **self.stream)
+            except BaseException:                    # refused: the optimizer as it was
+                for g, params in zip(optimizer.param_groups, before):
+                    g["params"] = params
+                raise
         return optimizer

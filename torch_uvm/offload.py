@@ -402,22 +402,32 @@ class Offloaded:
         """An optimizer made over the module's parameters before offload
         replaced them (``fabric.setup(model, optimizer)`` hands one over):
         its param groups name the offload's parameters instead, in place,
-        so :meth:`stream_optimizer` takes it. One that has stepped already
-        is refused, before anything changes: its states belong to the
-        parameters offload replaced. Others' parameters stay. Returns it."""
+        so :meth:`stream_optimizer` takes it. Refused, before anything
+        changes: one that holds state for the replaced parameters (it has
+        stepped, or made its state when made, as Adagrad does), and one
+        that would then hold a parameter twice. Others' parameters stay.
+        Returns it."""
         if not self.offloaded:
             raise ValueError("torch_uvm: rebind_optimizer of an offload undone: offload the "
                              "module again first")
         now = {id(o): m._parameters[name] for (m, name, kind), o in self._originals.items()
                if kind == "param"}
-        stepped = sum(1 for p in optimizer.state if id(p) in now)
-        if stepped:
+        held = sum(1 for p in optimizer.state if id(p) in now)
+        if held:
             raise ValueError(
-                f"torch_uvm: the optimizer has stepped {stepped} of the module's parameters "
-                f"before offload replaced them, and its states belong to those: create the "
-                f"optimizer after torch_uvm.offload, or load the old one's state_dict() into it")
-        for group in optimizer.param_groups:
-            group["params"] = [now.get(id(p), p) for p in group["params"]]
+                f"torch_uvm: the optimizer holds state for {held} of the parameters offload "
+                f"replaced (it stepped before offload, or made its state when made): create "
+                f"the optimizer after torch_uvm.offload, or load the old one's state_dict() "
+                f"into it")
+        groups = [[now.get(id(p), p) for p in g["params"]] for g in optimizer.param_groups]
+        flat = [id(p) for g in groups for p in g]
+        if len(flat) != len(set(flat)):
+            raise ValueError(
+                "torch_uvm: the optimizer holds both a parameter offload replaced and its "
+                "replacement, so it would hold one parameter twice: create the optimizer "
+                "after torch_uvm.offload, from module.parameters()")
+        for group, params in zip(optimizer.param_groups, groups):
+            group["params"] = params
         return optimizer
 
     def stream_trainer(self, trainer, step_in_backward: bool = False, host_step: float = 0.0,

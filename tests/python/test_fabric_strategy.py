@@ -9,7 +9,7 @@ import torch
 L = pytest.importorskip("lightning")
 
 from torch_uvm import fabric as tf  # noqa: E402
-from test_lightning_strategy import made_offloads  # noqa: E402
+from test_lightning_strategy import StandIn, made_offloads  # noqa: E402
 
 
 @pytest.fixture
@@ -83,3 +83,24 @@ def test_a_fabric_of_several_devices_is_refused_as_it_is_made(offloads):
     with pytest.raises(ValueError, match="OffloadFabricStrategy streams the model through one "
                                          "GPU, and the Fabric has 2 devices"):
         fabric_of(tf.OffloadFabricStrategy(budget=1 << 20), devices=2)
+
+
+def test_a_refused_optimizer_made_before_setup_is_left_as_it_was(monkeypatch):
+    """The strategy rebinds an optimizer made before setup, then streams it:
+    if streaming refuses it, its groups are put back as they were."""
+    class Refusing(StandIn):
+        def rebind_optimizer(self, optimizer):
+            for g in optimizer.param_groups:
+                g["params"] = [torch.nn.Parameter(p.detach().clone()) for p in g["params"]]
+            return optimizer
+
+        def stream_optimizer(self, optimizer, **settings):
+            raise ValueError("torch_uvm: refused for the test")
+    monkeypatch.setattr(tf, "offload", lambda target, **kwargs: Refusing(target))
+    fabric = fabric_of(tf.OffloadFabricStrategy(budget=1 << 20))
+    model = net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = list(optimizer.param_groups[0]["params"])
+    with pytest.raises(ValueError, match="refused for the test"):
+        fabric.setup(model, optimizer)
+    assert all(a is b for a, b in zip(optimizer.param_groups[0]["params"], before))

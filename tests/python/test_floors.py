@@ -32,16 +32,17 @@ def test_the_placements_by_hand():
     """Per weight byte: to the GPU, home, host-stepped, budget, host memory,
     the forward's reads, the backward's reads."""
     fp32 = floors.placements()
-    assert fp32 == {
-        "streamed, host step": (2, 1, 1, 0, 7, 1, 1),
-        "streamed, GPU step": (4, 3, 0, 0, 0, 1, 1),      # AdamW's moments both ways
-        "resident, host step": (1, 1, 1, 1, 7, 0, 0),
-        "resident, GPU step": (2, 2, 0, 1, 0, 0, 0),
-        "resident with states": (0, 0, 0, 3, 0, 0, 0)}
+    assert fp32 == {                                      # ... and the states a GPU step brings
+        "streamed, host step": (2, 1, 1, 0, 7, 1, 1, 0),
+        "streamed, GPU step": (4, 3, 0, 0, 0, 1, 1, 2),   # AdamW's moments both ways
+        "resident, host step": (1, 1, 1, 1, 7, 0, 0, 0),
+        "resident, GPU step": (2, 2, 0, 1, 0, 0, 0, 2),
+        "resident with states": (0, 0, 0, 3, 0, 0, 0, 0)}
     casts = floors.placements(casts=True)
-    assert casts["streamed casts, host step"] == (1, 0.5, 1, 0, 10, 0.5, 0.5)
-    assert casts["streamed, GPU step"] == (3.5, 3, 0, 0, 0, 0.5, 1)   # fp32 for its step
-    assert casts["resident cast, host step"] == (0.5, 0.5, 1, 0.5, 10, 0, 0)
+    assert casts["streamed casts, host step"] == (1, 0.5, 1, 0, 10, 0.5, 0.5, 0)
+    # fp32 in for its step; the next forward's cast home beside the stepped weight
+    assert casts["streamed, GPU step"] == (3.5, 3.5, 0, 0, 0, 0.5, 1, 2)
+    assert casts["resident cast, host step"] == (0.5, 0.5, 1, 0.5, 10, 0, 0, 0)
     eight = floors.placements(states=0.5)                # 8-bit moments: a byte each
     assert eight["streamed, GPU step"][:2] == (2.5, 1.5)
     assert eight["resident, GPU step"][:2] == (0.5, 0.5)
@@ -87,6 +88,38 @@ def test_the_forward_carries_no_step_without_carry():
     held = floors.least_step_together_s(w, 0, r, ways=only(STREAMED), carry=False)
     assert held["seconds"] == pytest.approx(0.1 + 1.25, rel=1e-6)
     assert held["phase_seconds"]["forward"] == pytest.approx(0.1, rel=1e-6)
+
+
+def test_without_carry_the_stepped_weights_and_their_gradients_wait_for_the_backward():
+    """Resident weights stepped on a free host (W in, W home), home ten times
+    the link's 50 GB/s to the GPU: without carry, the stepped weights come
+    back after the forward, whose 1 s of compute then carries none of them:
+    1 + W/50. With carry, they come in the forward: 1 s. A GPU step's states
+    (2W in, 2W home) need no gradient: they come in the forward either way,
+    and only their copies home wait: 1 + 2W/500."""
+    w = 10e9
+    r = rates(d2h=500.0, both=(50.0, 500.0), beside=(50.0, 500.0, 1e30))
+    common = dict(compute_s=(1.0, 0.0), ways=only("resident, host step"))
+    assert floors.least_step_together_s(w, w, r, **common)["seconds"] == pytest.approx(
+        1.0, rel=1e-6)
+    assert floors.least_step_together_s(w, w, r, carry=False, **common)["seconds"] == \
+        pytest.approx(1.0 + w / 50e9, rel=1e-6)
+    gpu = floors.least_step_together_s(w, 3 * w, r, compute_s=(1.0, 0.0), carry=False,
+                                       ways=only("resident, GPU step"))
+    assert gpu["seconds"] == pytest.approx(1.0 + 2 * w / 500e9, rel=1e-6)
+
+
+def test_a_cast_stepped_on_the_host_costs_its_cast_and_upcast_there():
+    """The host's AdamW at 1e9 elements/s alone: an fp32 weight stepped there
+    takes W/4 elements; its cast and upcast add 12 bytes to AdamW's 28 a
+    weight, so a cast one takes 40/28 as long."""
+    w = 4e9
+    r = rates(adamw=1e9, beside=(40.0, 40.0, 1e9))
+    fp32 = floors.least_step_together_s(w, w, r, ways=only("resident, host step"))
+    cast = floors.least_step_together_s(w, w, r, ways=only("resident cast, host step",
+                                                            casts=True))
+    assert fp32["seconds"] == pytest.approx(w / 4 / 1e9, rel=1e-6)
+    assert cast["seconds"] == pytest.approx(w / 4 / 1e9 * 40 / 28, rel=1e-6)
 
 
 def test_the_gpus_compute_bounds_each_phase():

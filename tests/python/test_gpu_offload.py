@@ -158,11 +158,17 @@ def test_an_optimizer_made_before_offload_is_rebound_and_one_that_stepped_is_ref
     stepped.step()
     before = [list(g["params"]) for g in stepped.param_groups]
     handle = uvm.offload(model, device="cuda")
-    with pytest.raises(ValueError, match="has stepped 8 of the module's parameters"):
+    with pytest.raises(ValueError, match="holds state for 8 of the parameters offload replaced"):
         handle.rebind_optimizer(stepped)
     assert [list(g["params"]) for g in stepped.param_groups] == before
     with pytest.raises(ValueError, match="as they were before offload"):
         handle.stream_optimizer(fresh)
+    original = fresh.param_groups[0]["params"][0]          # layer 0's weight before offload
+    replacement = next(iter(model.parameters()))           # and the offload's in its place
+    twice = torch.optim.SGD([{"params": [replacement]}, {"params": [original]}], lr=0.1)
+    with pytest.raises(ValueError, match="would hold one parameter twice"):
+        handle.rebind_optimizer(twice)
+    assert twice.param_groups[1]["params"][0] is original   # unchanged
     assert handle.rebind_optimizer(fresh) is fresh
     params = fresh.param_groups[0]["params"]
     assert [id(p) for p in params] == [id(p) for p in [*model.parameters(), *other.parameters()]]
