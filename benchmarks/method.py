@@ -376,6 +376,18 @@ def describe_shared_host(r: dict) -> str:
             f"GB/s")
 
 
+def report_bound(row: dict) -> None:
+    """A run under offload's gpu_memory (issue 55): the process's whole
+    peak, what it held at CUDA's start and the run's peak over that, into
+    `row` and printed beside the bound and the budget chosen within it."""
+    whole = row["process_gpu_at_start_bytes"] + row["gpu_peak_run_bytes"]
+    row["process_gpu_whole_peak_bytes"] = whole
+    print(f"    gpu_memory {gib_cell(row['bound_bytes'])} GiB: the process's peak "
+          f"{gib_cell(whole)} GiB (CUDA's start {gib_cell(row['process_gpu_at_start_bytes'])}"
+          f" + the run's {gib_cell(row['gpu_peak_run_bytes'])}), the budget chosen "
+          f"{gib_cell(row['budget_bytes'])} GiB")
+
+
 def median_of(runs: List[Optional[dict]], key: str, default: float) -> float:
     """The median of `key` over a variant's runs, or `default` if none ran."""
     s = summarize([r[key] for r in runs if r])

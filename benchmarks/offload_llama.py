@@ -30,6 +30,12 @@ Variants, each in a fresh process, interleaved round by round:
   place, batch 8's 256 rows prefetch), so a batch must meet a fresh offload;
   a process is cheaper than undo() and a second offload, and keeps one model
   and its homes alive at a time.
+- torch_uvm_bound_<G>GiB_b<n>: torch_uvm.offload(model, gpu_memory=G,
+  batch=n, seq=prompt + new tokens, mode="auto"): the whole process held to
+  G GiB, the budget chosen within it (issue 55), G the 4 GiB budget's
+  process memory rounded up (5 GiB). Its report sets the process's whole
+  peak (what it held at CUDA's start plus the run's peak) beside G and the
+  budget chosen; its link limit is the chosen budget's.
 - accelerate_<B>GiB: accelerate.dispatch_model with a device_map putting the
   embeddings, the final norm, the rotary embedding and lm_head on the GPU and
   as many decoder layers as fit B beside them; the rest "cpu" (accelerate's
@@ -104,6 +110,9 @@ def variants():
     for g in BUDGETS_GIB:
         default += [f"torch_uvm_{g}GiB_b{b}" for b in BATCHES] + [f"accelerate_{g}GiB"]
         extra.append(f"accelerate_pinned_{g}GiB")
+    # under gpu_memory, a bound on the whole process: the budget's run's
+    # process memory, about the budget and a GiB (issue 55)
+    default += [f"torch_uvm_bound_{g + 1}GiB_b{b}" for g in BUDGETS_GIB[:1] for b in BATCHES]
     extra += ["resident_sweep", f"torch_uvm_{SWEEP_GIB}GiB_sweep"]
     return default, extra
 
@@ -113,6 +122,8 @@ def parse(variant: str):
     if variant in ("resident", "resident_sweep"):
         return "resident", None, SWEEP if variant.endswith("_sweep") else BATCHES
     gib, rest = method.variant_gib(variant), variant.rsplit("_", 1)[1]
+    if variant.startswith("torch_uvm_bound_"):            # torch_uvm_bound_5GiB_b1: gpu_memory
+        return "torch_uvm_bound", gib, (int(rest[1:]),)
     if variant.startswith("torch_uvm_"):                  # torch_uvm_4GiB_b1, torch_uvm_4GiB_sweep
         return "torch_uvm", gib, SWEEP if rest == "sweep" else (int(rest[1:]),)
     return variant.rsplit("_", 1)[0], gib, BATCHES       # accelerate(_pinned)_4GiB
@@ -338,7 +349,7 @@ def run_variant(variant: str, tiny: bool) -> dict:
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     import torch
     kind, gib, batches = parse(variant)
-    if kind == "torch_uvm":
+    if kind.startswith("torch_uvm"):
         import torch_uvm
     gpu = GpuMemory()
     t0 = time.perf_counter()
@@ -346,7 +357,11 @@ def run_variant(variant: str, tiny: bool) -> dict:
     out = {"build_s": time.perf_counter() - t0,
            "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
            "weights_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-           "budget_bytes": budget_bytes(gib, tiny) if gib else None, "batches": {}}
+           "budget_bytes": budget_bytes(gib, tiny) if gib and kind != "torch_uvm_bound" else None,
+           "batches": {}}
+    if kind == "torch_uvm_bound":      # (the bound counts the whole process: not scaled for --tiny)
+        out["bound_bytes"] = int(gib * GiB)
+        out["process_gpu_at_start_bytes"] = torch.cuda.mem_get_info()[1] - gpu.base
     budget = out["budget_bytes"]
     if kind.startswith("accelerate"):
         from accelerate import dispatch_model
@@ -361,6 +376,11 @@ def run_variant(variant: str, tiny: bool) -> dict:
         model.cuda()
     elif kind == "torch_uvm":
         handle = torch_uvm.offload(model, budget=budget, device="cuda", mode="auto")
+    elif kind == "torch_uvm_bound":    # the budget chosen within the bound, for the longest batch
+        torch.cuda.empty_cache()       # (what building the model left cached is not the process's)
+        handle = torch_uvm.offload(model, gpu_memory=out["bound_bytes"], device="cuda",
+                                   mode="auto", batch=max(batches), seq=PROMPT + NEW_TOKENS)
+        out["budget_bytes"] = handle.state.bound.budget
     else:
         state_dict = None
         if kind == "accelerate_pinned":
@@ -398,7 +418,7 @@ def run_variant(variant: str, tiny: bool) -> dict:
                torch_reserved_peak_bytes=torch.cuda.max_memory_reserved(),
                torch_allocated_peak_bytes=torch.cuda.max_memory_allocated())
     gpu.stop()
-    if kind == "torch_uvm":
+    if kind.startswith("torch_uvm"):
         stats = torch_uvm.memory_stats()
         out.update(mode=handle.mode, resident_units=len(handle.resident_units()),
                    units=len(handle.units),
@@ -485,7 +505,8 @@ def report(runs: dict, out_dir: str, tiny: bool = False) -> dict:
                    **{k: max(x[k] for x in ok) for k in
                       ("gpu_peak_timed_bytes", "gpu_peak_run_bytes", "torch_reserved_peak_bytes",
                        "host_peak_bytes")},
-                   **{k: ok[-1][k] for k in ("budget_bytes", "weights_bytes", "mode",
+                   **{k: ok[-1][k] for k in ("budget_bytes", "bound_bytes",
+                                             "process_gpu_at_start_bytes", "weights_bytes", "mode",
                                              "resident_units", "units", "resident_bytes_peak",
                                              "slot_reserved_peak_bytes", "layers_on_gpu",
                                              "auto_map_layers_on_gpu", "weights_on_gpu_bytes")
@@ -501,6 +522,8 @@ def report(runs: dict, out_dir: str, tiny: bool = False) -> dict:
                   f"{gib_cell(row['host_peak_bytes'])} | "
                   f"{row['place_s']['median']:.1f} | {row['first_token_s']['median']:.2f}"
                   f"{'' if row['first_after_placement'] else ' (warm)'} | {same} ({same_scores}) |")
+            if row.get("bound_bytes"):    # the whole process against its bound
+                method.report_bound(row)
             if of_limit and label != "resident":
                 compared[f"{key}, tokens/s / link limit ({least / MiB:.0f} MiB a token at the "
                          f"pinned rate)"] = of_limit

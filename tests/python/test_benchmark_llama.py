@@ -32,7 +32,7 @@ def test_the_script_starts_and_lists_its_variants():
 
 def test_variant_names_parse():
     default, extra = L.variants()
-    assert default[:2] == ["pinned_rate", "resident"] and len(default) == 8
+    assert default[:2] == ["pinned_rate", "resident"] and len(default) == 10   # 2 under gpu_memory
     assert L.parse("torch_uvm_4GiB_b8") == ("torch_uvm", 4, (8,))
     assert L.parse("accelerate_8GiB") == ("accelerate", 8, L.BATCHES)
     assert L.parse("accelerate_pinned_4GiB") == ("accelerate_pinned", 4, L.BATCHES)
@@ -210,3 +210,31 @@ def test_the_sweep_holds_the_limit_to_the_batch_and_checks_tokens_at_each(tmp_pa
     assert saved["tables"]["torch_uvm 4GiB, batch 1024"]["same_tokens"] is False
     assert saved["sweep"] == list(L.SWEEP)
     assert "| torch_uvm 4GiB (prefetch) | 1024 | 4000.00" in out
+
+
+def test_a_bound_variant_reports_the_whole_process_against_its_gpu_memory(tmp_path, capsys):
+    """torch_uvm_bound_5GiB_b1: offload under gpu_memory=5 GiB. The report
+    adds what the process held at CUDA's start to the run's peak, and sets
+    it beside the bound and the budget chosen; the link limit is the
+    chosen budget's."""
+    assert L.parse("torch_uvm_bound_5GiB_b8") == ("torch_uvm_bound", 5, (8,))
+    assert "torch_uvm_bound_5GiB_b1" in L.variants()[0]
+    chosen = 3 << 30
+    runs = {
+        "pinned_rate": [{"h2d_gbps": 50.0, "d2h_gbps": 50.0}],
+        "resident": [_process({1: (30.0, True), 8: (200.0, True)}, budget_bytes=None)],
+        "torch_uvm_bound_5GiB_b1": [_process({1: (4.0, True)}, budget_bytes=chosen,
+                                             bound_bytes=5 << 30, mode="prefetch",
+                                             process_gpu_at_start_bytes=1 << 29)],
+    }
+    compared = L.report(runs, str(tmp_path))
+    out = capsys.readouterr().out
+    assert "gpu_memory 5.00 GiB: the process's peak 6.50 GiB (CUDA's start 0.50 + the run's " \
+        "6.00), the budget chosen 3.00 GiB" in out
+    key = "torch_uvm_bound 5GiB, batch 1, tokens/s / link limit (11264 MiB a token at the " \
+        "pinned rate)"
+    assert compared[key]["ratios"] == pytest.approx([4.0 / (50e9 / (11 << 30))])
+    saved = json.load(open(tmp_path / "offload_llama.json"))
+    row = saved["tables"]["torch_uvm_bound 5GiB, batch 1"]
+    assert row["process_gpu_whole_peak_bytes"] == (1 << 29) + (6 << 30)
+    assert row["bound_bytes"] == 5 << 30 and row["budget_bytes"] == chosen

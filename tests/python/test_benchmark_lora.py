@@ -63,7 +63,7 @@ def test_the_report_computes_the_limits_and_the_ratios(tmp_path, capsys):
 def test_the_variants_are_named_for_their_budgets():
     assert L.VARIANTS[:2] == ["pinned_rate", "resident"]
     assert [v for v in L.VARIANTS if v.startswith("torch_uvm")] == \
-        [f"torch_uvm_{g}GiB" for g in L.BUDGETS_GIB]
+        [f"torch_uvm_{g}GiB" for g in L.BUDGETS_GIB] + [f"torch_uvm_bound_{L.BOUND_GIB}GiB"]
     assert "qlora_nf4" in L.VARIANTS
 
 
@@ -73,3 +73,23 @@ def test_a_variants_suffix_names_the_units_it_streams():
     assert L.units_option("torch_uvm_1GiB_layers") == "layers"
     assert L.unit_classes("layers") == ("LlamaDecoderLayer",)
     assert all(L.units_option(v) in L.UNITS for v in L.CURVE if not v.endswith("GiB"))
+
+
+def test_a_bound_variant_reports_the_whole_process_against_its_gpu_memory(tmp_path, capsys):
+    """torch_uvm_bound_6GiB: offload under gpu_memory; the report adds what
+    the process held at CUDA's start to the run's peak, beside the bound
+    and the budget chosen (whose link limit it is held to)."""
+    same = [11.0, 10.5, 10.0]
+    runs = {"pinned_rate": [{"h2d_gbps": 50.0, "d2h_gbps": 50.0}],
+            "resident": [_run({1: 0.5, 4: 0.7}, same)],
+            "torch_uvm_bound_6GiB": [_run({1: 0.8, 4: 0.9}, same, budget_bytes=GiB,
+                                          bound_bytes=6 * GiB,
+                                          process_gpu_at_start_bytes=GiB // 2)]}
+    compared = L.report(runs, str(tmp_path), tiny=False)
+    out = capsys.readouterr().out
+    assert "gpu_memory 6.00 GiB: the process's peak 9.50 GiB (CUDA's start 0.50 + the run's " \
+        "9.00), the budget chosen 1.00 GiB" in out
+    x = compared["torch_uvm_bound_6GiB, batch 1: s per step / link limit"]
+    assert x["ratios"] == pytest.approx([0.8 / (2 * 13 * GiB / 50e9)])
+    row = json.load(open(tmp_path / "offload_lora.json"))["tables"]["torch_uvm_bound_6GiB, batch 4"]
+    assert row["process_gpu_whole_peak_bytes"] == GiB // 2 + 9 * GiB
