@@ -66,26 +66,44 @@ class ShardSteps:
         self.lifecycle = _C.UnitLifecycle(self.names)
         self._own_step = optimizer.step
         self._events: List["torch.cuda.Event"] = []
-        stepped = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        self._hooks = []
+        self._hooks, self._hooked = [], set()
+        self._count_expected()
         ref = weakref.ref(self)
-        for i, params in enumerate(self.params):
-            trainable = [p for p in params if p.requires_grad and id(p) in stepped]
-            self.lifecycle.set_expected(i, len(trainable))
-            for p in trainable:
-                self._hooks.append(p.register_post_accumulate_grad_hook(
-                    lambda _p, i=i: (lambda s: s and s.gradient(i))(ref())))
         self._hooks.append(model.register_forward_pre_hook(
             lambda _m, _a: (lambda s: s and s.before_forward())(ref()), prepend=True))
         optimizer.step = self.step
         optimizer._torch_uvm_shard_steps = self
         clipping.watch(self)
 
+    def _held(self) -> set:
+        return {id(p) for g in self.optimizer.param_groups for p in g["params"]}
+
+    def _count_expected(self) -> None:
+        """Each group's gradients a backward brings: its parameters the
+        optimizer holds that require grad now, each with FSDP2's
+        post-accumulate hook. (FSDP2 reduces a group's gradients together,
+        so a part thawed since steps with the group's others, and one
+        frozen since leaves the group to step in optimizer.step().)"""
+        held, ref = self._held(), weakref.ref(self)
+        self._counted = {id(p) for ps in self.params for p in ps
+                         if p.requires_grad and id(p) in held}
+        for i, params in enumerate(self.params):
+            self.lifecycle.set_expected(i, sum(1 for p in params if id(p) in self._counted))
+            for p in params:
+                if id(p) in self._counted and id(p) not in self._hooked:
+                    self._hooked.add(id(p))
+                    self._hooks.append(p.register_post_accumulate_grad_hook(
+                        lambda p, i=i: (lambda s: s and s.gradient(i, p))(ref())))
+
     def before_forward(self) -> None:
         """Before FSDP2's own pre-forward (prepended): a forward that will
         take gradients while groups stepped in the last backward and no
         optimizer.step() came since is refused here, before anything of
-        it runs (its backward would step them twice)."""
+        it runs (its backward would step them twice). A backward that
+        raised is ended here first: the groups that stepped in it keep
+        their step."""
+        if self.lifecycle.backward_active() and torch._C._current_graph_task_id() == -1:
+            self.end_backward()
         if torch.is_grad_enabled() and self.lifecycle.stepped_in_backward():
             raise RuntimeError(
                 "torch_uvm: a forward with gradients before optimizer.step(): its param "
@@ -94,10 +112,13 @@ class ShardSteps:
                 "backward, or run this forward under torch.no_grad(); to accumulate, step "
                 "after backward (without fsdp.step_in_backward)")
 
-    def gradient(self, unit: int) -> None:
+    def gradient(self, unit: int, param: torch.Tensor) -> None:
         """One of the unit's reduced gradients is in (FSDP2's hook, in the
-        backward): the backward opens at its first; the unit steps at its last."""
+        backward): the backward opens at its first; the unit steps at its
+        last. One the optimizer does not hold counts for nothing."""
         life = self.lifecycle
+        if id(param) not in self._counted:
+            return
         if not life.backward_active():
             opened, _ = life.backward_begins(unit, True)
             if opened:
@@ -108,14 +129,21 @@ class ShardSteps:
             life.steps_in_backward(unit)            # (refused if it stepped already)
             self._step(unit)
             life.stepped(unit, True)
+            held = self._held()
             for p in self.params[unit]:
-                p.grad = None
+                if id(p) in held and p.grad is not None:
+                    if p.grad.is_cuda:    # its memory is not reused before the step read it
+                        local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                        local.record_stream(torch.cuda.current_stream())
+                    p.grad = None         # (another optimizer's gradients stay)
             if self.params[unit][0].is_cuda:       # the next forward's gathers after it
                 event = torch.cuda.Event()
                 event.record()
                 self._events.append(event)
 
     def _step(self, unit: int) -> None:
+        """The optimizer's own step over the group's parameters with
+        gradients (its global step hooks run once a group)."""
         ids = {id(p) for p in self.params[unit] if p.grad is not None}
         if ids:
             step_over(self.optimizer, self._own_step, ids, {})

@@ -119,6 +119,34 @@ def worker(rank, world, port, queue):
         optimizer.step()
         out["undo_steps"] = any(not torch.equal(a, p.full_tensor())
                                 for a, p in zip(before, model.parameters()))
+        # an optimizer without one of a group's parameters: its gradient stays
+        partial = make(mesh)
+        popt = torch.optim.AdamW([p for n, p in partial.named_parameters() if n != "2.weight"],
+                                 lr=0.05)
+        psteps = tfsdp.step_in_backward(partial, popt)
+        partial(torch.randn(4, 8)).sum().backward()
+        out["kept_other_grad"] = partial[2].weight.grad is not None and \
+            partial[2].bias.grad is None
+        popt.step()
+        psteps.undo()
+
+        def thawed(ours):
+            """A part frozen at the install, thawed after it (before FSDP2's
+            lazy init at the first forward, which fixes what it gathers
+            with gradients)."""
+            m = make(mesh)
+            m[4].weight.requires_grad_(False)
+            o = torch.optim.AdamW(m.parameters(), lr=0.05)
+            if ours:
+                tfsdp.step_in_backward(m, o)
+            m[4].weight.requires_grad_(True)
+            torch.manual_seed(20 + rank)
+            for _ in range(2):
+                m(torch.randn(4, 8)).square().mean().backward()
+                o.step()
+                o.zero_grad()
+            return [p.full_tensor() for p in m.parameters()]
+        out["thaw_equal"] = all(torch.equal(a, b) for a, b in zip(thawed(True), thawed(False)))
         dist.destroy_process_group()
     except BaseException:
         out["error"] = traceback.format_exc()
@@ -146,6 +174,12 @@ def test_each_param_group_steps_in_backward_as_fsdp2_steps_after_it(ranks):
         assert out["groups"] == ["4", "2", "0"]        # one a block; the root owns none
         assert out["grads_after_backward"] == [0] * STEPS   # stepped, their gradients let go
         assert out["losses_equal"] and out["params_equal"] and out["states_equal"]
+
+
+def test_what_the_optimizer_does_not_hold_and_a_part_thawed_later_step_as_fsdp2_steps(ranks):
+    for out in ranks.values():
+        assert out["kept_other_grad"]      # not the optimizer's: its gradient stays
+        assert out["thaw_equal"]           # waited for once it requires grad
 
 
 def test_clipping_accumulation_and_a_closure_are_refused(ranks):
