@@ -376,11 +376,12 @@ def describe_shared_host(r: dict) -> str:
             f"GB/s")
 
 
-def report_bound(row: dict) -> None:
-    """A run under offload's gpu_memory (issue 55): the process's whole
-    peak, what it held at CUDA's start and the run's peak over that, into
-    `row` and printed beside the bound and the budget chosen within it."""
-    whole = row["process_gpu_at_start_bytes"] + row["gpu_peak_run_bytes"]
+def report_bound(row: dict, runs: List[dict]) -> None:
+    """Runs under offload's gpu_memory (issue 55): the process's whole
+    peak, what each held at CUDA's start and its run's peak over that, the
+    most of `runs`, into `row` and printed beside the bound and the budget
+    chosen within it."""
+    whole = max(r["process_gpu_at_start_bytes"] + r["gpu_peak_run_bytes"] for r in runs)
     row["process_gpu_whole_peak_bytes"] = whole
     print(f"    gpu_memory {gib_cell(row['bound_bytes'])} GiB: the process's peak "
           f"{gib_cell(whole)} GiB (CUDA's start {gib_cell(row['process_gpu_at_start_bytes'])}"

@@ -523,7 +523,7 @@ def report(runs: dict, out_dir: str, tiny: bool = False) -> dict:
                   f"{row['place_s']['median']:.1f} | {row['first_token_s']['median']:.2f}"
                   f"{'' if row['first_after_placement'] else ' (warm)'} | {same} ({same_scores}) |")
             if row.get("bound_bytes"):    # the whole process against its bound
-                method.report_bound(row)
+                method.report_bound(row, ok)
             if of_limit and label != "resident":
                 compared[f"{key}, tokens/s / link limit ({least / MiB:.0f} MiB a token at the "
                          f"pinned rate)"] = of_limit

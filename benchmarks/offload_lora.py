@@ -408,7 +408,7 @@ def report(runs: dict, out_dir: str, tiny: bool) -> dict:
                   f"{row['place_s']['median']:.1f} | {row['first_step_s']['median']:.2f} | "
                   f"{gib_cell(row['to_gpu_bytes_per_step'])} ({gib_cell(least)}) |")
             if row.get("bound_bytes"):    # the whole process against its bound
-                method.report_bound(row)
+                method.report_bound(row, ok)
             if v.startswith("torch_uvm"):
                 if x_link:
                     compared[f"{v}, batch {b}: s per step / link limit"] = x_link
