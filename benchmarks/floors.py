@@ -104,6 +104,10 @@ def placements(states: float = 2.0, casts: bool = False) -> Dict[str, Tuple[floa
 
 
 FREE = 1e18
+# The rates of a run's pinned_rate answer that regimes reads.
+RATE_KEYS = ("h2d_gbps", "d2h_gbps", "both_ways_h2d_gbps", "both_ways_d2h_gbps",
+             "adamw_alone_elements_per_s", "adamw_beside_copies_elements_per_s",
+             "h2d_beside_adamw_gbps", "d2h_beside_adamw_gbps")
 REGIMES = ("to the GPU alone", "home alone", "both ways", "AdamW alone", "all three")
 
 

@@ -39,7 +39,7 @@ def main(argv=None) -> None:
             solo = method.least_step_s(w, b, h2d, d2h, 4 * host)["seconds"] if host else None
             together = floors.least_step_together_s(w, b, rates)["seconds"]
             casts = floors.least_step_together_s(
-                w, b, rates, ways=floors.placements(casts=True))["seconds"] \
+                w, b, rates, ways=method.PLACEMENTS_BF16_CASTS)["seconds"] \
                 if scenario in offload_train.AUTOCAST else None
             steps = {v: [round(r["s_per_step"], 3) for r in rs if r and "s_per_step" in r]
                      for v, rs in runs.items() if v.startswith("torch_uvm")}

@@ -678,9 +678,7 @@ def _best_step_rate(optimizer, elements: int, tries: int = 3) -> float:
 
 
 # The ways a full fine-tune can place a weight byte, and what each moves
-# (floors.py owns them): per byte of fp32 weights, (to the GPU, home, stepped
-# on the host, budget, the host's memory a byte it steps takes, the forward's
-# reads, the backward's reads). PLACEMENTS: AdamW's two fp32 moments cross
+# (floors.py owns them: per byte of fp32 weights, floors.FIELDS). PLACEMENTS: AdamW's two fp32 moments cross
 # where a GPU steps a weight without them. PLACEMENTS_BF16_CASTS: under bf16
 # autocast, what crosses for a host step is the weights' bf16 casts (the
 # values autocast makes on the GPU) and their bf16 gradients, half the

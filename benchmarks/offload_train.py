@@ -589,10 +589,7 @@ def together_rates(runs) -> Optional[dict]:
     measured = [r for r in runs.get("pinned_rate", []) if r and "both_ways_h2d_gbps" in r]
     if not measured:
         return None
-    keys = ("h2d_gbps", "d2h_gbps", "both_ways_h2d_gbps", "both_ways_d2h_gbps",
-            "adamw_alone_elements_per_s", "adamw_beside_copies_elements_per_s",
-            "h2d_beside_adamw_gbps", "d2h_beside_adamw_gbps")
-    return {k: method.summarize([r[k] for r in measured])["median"] for k in keys}
+    return {k: method.summarize([r[k] for r in measured])["median"] for k in floors.RATE_KEYS}
 
 
 def limits(scenario, runs, rounds):
@@ -622,21 +619,26 @@ def limits(scenario, runs, rounds):
             if out[key]:
                 out[f"{key}_s"] = [host_limit(w, limit_budget, h, d, runs, shared)["seconds"]
                                    for h, d in zip(h2ds, d2hs)]
-            if scenario == "llama":   # (bf16 autocast; beside them, not a ratio: a
-                # placement torch_uvm does not take)
+            if casts:   # (bf16 autocast; beside them, not a ratio: a placement
+                # torch_uvm does not take)
                 out["casts_shared" if shared else "casts"] = host_limit(
                     w, limit_budget, h2d, d2h, runs, shared, method.PLACEMENTS_BF16_CASTS)
         rates = together_rates(runs)
         if rates:
             out["together"] = floors.least_step_together_s(w, limit_budget, rates)
-            if scenario == "llama":
+            if casts:
                 out["together_casts"] = floors.least_step_together_s(
-                    w, limit_budget, rates, ways=floors.placements(casts=True))
+                    w, limit_budget, rates, ways=method.PLACEMENTS_BF16_CASTS)
     if uvm_run:
         w, r = uvm_run["weights_bytes"], uvm_run["resident_weight_bytes"]
         out["on_gpu"] = link_limit(w, r, h2d, d2h)
         out["on_gpu_s"] = [link_limit(w, r, h, d)["seconds"] for h, d in zip(h2ds, d2hs)]
     return out
+
+
+def placing(found: dict) -> str:
+    """The mix of placements a least found, in GiB of weights each."""
+    return ", ".join(f"{n} {b / GiB:.2f} GiB" for n, b in found["mix_bytes"].items())
 
 
 def describe_limit(limit):
@@ -685,7 +687,7 @@ def report(scenario, runs, rounds):
               f"with the link's solo rates; the best "
               f"mix of placements; the GPU's compute not counted): "
               f"{host['seconds']:.3f} s, placing "
-              + ", ".join(f"{n} {b / GiB:.2f} GiB" for n, b in host["mix_bytes"].items()))
+              + placing(host))
     shared = next((r for r in runs.get("pinned_rate", []) if r and "both_ways_h2d_gbps" in r), None)
     if shared:
         print(method.describe_shared_host(shared))
@@ -694,10 +696,8 @@ def report(scenario, runs, rounds):
               f"{4 * method.ADAMW_HOST_MEMORY} bytes a weight the host steps through the host's "
               f"memory, at the most it carried here, {lim['shared']['host_memory_gbps']:.0f} "
               f"GB/s: an estimate, not a floor): {lim['shared']['seconds']:.3f} s, placing "
-              + ", ".join(f"{n} {b / GiB:.2f} GiB" for n, b in lim["shared"]["mix_bytes"].items()))
+              + placing(lim["shared"]))
     if lim["casts"]:
-        def placing(found):
-            return ", ".join(f"{n} {b / GiB:.2f} GiB" for n, b in found["mix_bytes"].items())
         print(f"{CASTS} (the third{' and fourth' if lim['casts_shared'] else ''}, the "
               f"weights' bf16 casts and their gradients crossing in place of fp32 weights and "
               f"gradients: what autocast computes with; a placement torch_uvm does not take): "
@@ -709,7 +709,7 @@ def report(scenario, runs, rounds):
               f"combinations this run measured, at those rates; the forward's reads in the "
               f"forward, the backward's in the backward; the GPU's compute not counted; an "
               f"estimate, not a floor): {lim['together']['seconds']:.3f} s, placing "
-              + ", ".join(f"{n} {b / GiB:.2f} GiB" for n, b in lim["together"]["mix_bytes"].items())
+              + placing(lim["together"])
               + (f"; {lim['together_casts']['seconds']:.3f} s were bf16 casts to cross"
                  if lim["together_casts"] else ""))
     unit = "tokens/s" if scenario in TOKENS else "s / step"

@@ -66,7 +66,7 @@ class ShardSteps:
         self.lifecycle = _C.UnitLifecycle(self.names)
         self._own_step = optimizer.step
         self._events: List["torch.cuda.Event"] = []
-        self._hooks, self._hooked = [], set()
+        self._hooks = []
         self._count_expected()
         ref = weakref.ref(self)
         self._hooks.append(model.register_forward_pre_hook(
@@ -90,8 +90,7 @@ class ShardSteps:
         for i, params in enumerate(self.params):
             self.lifecycle.set_expected(i, sum(1 for p in params if id(p) in self._counted))
             for p in params:
-                if id(p) in self._counted and id(p) not in self._hooked:
-                    self._hooked.add(id(p))
+                if id(p) in self._counted:
                     self._hooks.append(p.register_post_accumulate_grad_hook(
                         lambda p, i=i: (lambda s: s and s.gradient(i, p))(ref())))
 
