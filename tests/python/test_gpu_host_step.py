@@ -122,13 +122,15 @@ def test_the_backward_bounds_the_gradients_copying_home_by_a_share_of_the_budget
         uvm, monkeypatch, variable, share):
     """Each host-stepped submodule's gradients, once their copy home is
     queued in backward, count against a share of the budget: an eighth, or
-    TORCH_UVM_HOST_STEP_COPIES's as stream_optimizer found it."""
+    TORCH_UVM_HOST_STEP_COPIES's as stream_optimizer found it. The GPU
+    sleeps first in each backward, so the copies are still under way when
+    the host looks, however fast the GPU and whatever shares it."""
     from torch_uvm import host_step
     if variable is None:
         monkeypatch.delenv(host_step.COPIES_VARIABLE, raising=False)
     else:
         monkeypatch.setenv(host_step.COPIES_VARIABLE, variable)
-    model = make_model(layers=8, width=1024)
+    model = torch.nn.Sequential(*make_model(layers=8, width=1024), Sleeps())
     handle = uvm.offload(model, budget=24 * MiB)
     optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters()),
                                         step_in_backward=True, host_step=1.0)
