@@ -1,7 +1,8 @@
 """torch_uvm.estimate against what the committed runs measured: the process's
 GPU memory (mem_get_info, apart from the books), the host's peak, and the
 time a step or a token took, for every workload the benchmarks ran under a
-budget with a transformer config.
+budget: from a transformer config, or, for a module that has none (the
+MLP), from one forward on the meta device (estimate's inputs=).
 
     python benchmarks/estimate_check.py [--out DIR]
 
@@ -32,6 +33,33 @@ GPT2_TRAIN = dict(model_type="gpt2", n_embd=2048, n_layer=24, n_head=16, n_posit
                   vocab_size=50257)                                  # offload_train's gpt2
 GPT2_GEN = dict(model_type="gpt2", n_embd=2048, n_layer=30, n_head=16, n_positions=1024,
                 vocab_size=50257)                                    # offload_generate's
+
+
+
+def mlp():
+    """offload_train's MLP (MLP_LAYERS x Linear(MLP_WIDTH, MLP_WIDTH), no
+    bias, fp32), on the meta device."""
+    import torch
+    with torch.device("meta"):
+        return torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, bias=False) for _ in range(32)])
+
+
+def mlp_inputs():
+    import torch
+    return torch.empty(256, 4096, device="meta")     # offload_train's MLP_BATCH x MLP_WIDTH
+
+
+# The rows whose estimate misses its target, each with why. The test asserts
+# that each still misses (fixed, it must leave this list) and that every other
+# row meets the target.
+MISSES = {
+    "the MLP, 1 GiB, step in backward, H200": (
+        "GPU: gradients in flight. The run's allocator peaked at 380 MiB (the "
+        "saved inputs 128 MiB, so about 3.75 units' 64 MiB gradients) and cached "
+        "296 MiB more; the estimate counts two units' gradients and half the "
+        "tensors as cache. The GPU's step lags the host's backward by several "
+        "small units here; not yet modelled"),
+}
 
 # name, config, estimate's arguments, (JSON, run path), where the GPU peak,
 # the host peak and the seconds a step/token are in that run (None: not recorded)
@@ -89,6 +117,11 @@ CASES = [
      dict(task="generate", budget=3 * GiB // 2, batch=1, seq=32, new_tokens=32, dtype="float16"),
      ("2026-11-26-h100/offload_generate.json", ["runs", "torch_uvm_offload"]),
      "process_gpu_memory.peak_bytes", None, "tokens_per_s"),
+    ("the MLP, 1 GiB, step in backward, H200", mlp,
+     dict(task="full", budget="1GiB", autocast=False, inputs=mlp_inputs),
+     ("2026-11-29-h200/trees-17a9b08-7B-b8-and-MLP.json",
+      ["runs", "offload_train:mlp/torch_uvm_in_backward", "new"]),
+     "process_gpu_memory.peak_bytes", "host_peak_bytes", "s_per_step"),
 ]
 
 
@@ -124,13 +157,15 @@ def check():
     rows = []
     for name, config, kwargs, source, gpu_key, host_key, time_key in CASES:
         gpu, host, seconds, rate = measured(source, gpu_key, host_key, time_key,
-                                            kwargs["batch"])
+                                            kwargs.get("batch", 1))
+        if callable(config):     # a module built on the meta device, with its inputs
+            config, kwargs = config(), {**kwargs, "inputs": kwargs["inputs"]()}
         est = estimate(config, link_gbps=rate or 55.0, **kwargs)
         rows.append({"case": name, "source": source[0],
                      "gpu_estimate": est.gpu_total, "gpu_measured": gpu,
                      "host_estimate": est.host, "host_measured": host,
                      "floor_s": est.floor_s, "measured_s": seconds, "rate_gbps": rate,
-                     "parts": est.gpu})
+                     "parts": est.gpu, "miss": MISSES.get(name)})
     return rows
 
 
@@ -150,6 +185,9 @@ def main():
               f"{r(x['gpu_estimate'], x['gpu_measured'])} | {g(x['host_estimate'])} / "
               f"{g(x['host_measured'])} | {r(x['host_estimate'], x['host_measured'])} | {t} | "
               f"{x['source']} |")
+    for x in rows:
+        if x["miss"]:
+            print(f"  {x['case']}: outside the target. {x['miss']}")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         import platform

@@ -190,6 +190,13 @@ def variant_gib(variant: str) -> Optional[float]:
     return int(n) if n.is_integer() else n
 
 
+def variant_bound_gib(variant: str) -> Optional[float]:
+    """The G of a torch_uvm_bound_<G>GiB... variant (offload(gpu_memory=G
+    GiB): a bound on the whole process, not a budget), or None where the
+    variant is not one."""
+    return variant_gib(variant) if variant.startswith("torch_uvm_bound_") else None
+
+
 def variant_host_step(variant: str) -> float:
     """The share of a variant name's `_host<S>` part (torch_uvm_in_backward_host1,
     ..._host0.5: stream_optimizer's host_step), or 0 where it has none."""

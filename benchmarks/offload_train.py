@@ -123,7 +123,8 @@ PLAN = {
     "gpt2": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload",
              "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory",
              "torch_uvm_in_backward_host1_nonblocking",
-             "torch_uvm_in_backward_host1_nonblocking_copies1pct"],
+             "torch_uvm_in_backward_host1_nonblocking_copies1pct",
+             "torch_uvm_bound_19GiB_in_backward_host1_nonblocking"],
     "llama": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward",
               "torch_uvm_in_backward_host1", "torch_uvm_in_backward_host1_nonblocking",
               "torch_uvm_host1", "torch_uvm_host1_nonblocking",
@@ -136,10 +137,14 @@ PLAN = {
               "torch_uvm_in_backward_host1_nonblocking_copies25pct",
               "torch_uvm_in_backward_host1_nonblocking_threads8",
               "torch_uvm_in_backward_host1_nonblocking_threads10",
-              "torchtune_single_device"],
+              "torchtune_single_device",
+              "torch_uvm_bound_14GiB_in_backward_host1_nonblocking"],
 }
 # A variant named <variant>_<N>GiB runs under N GiB instead of the scenario's
-# budget: torch_uvm's speed for memory beside the anchors' points.
+# budget: torch_uvm's speed for memory beside the anchors' points. One named
+# torch_uvm_bound_<G>GiB_<variant> runs offload(gpu_memory=G GiB) instead (a
+# bound on the whole process, issue 55; a Hugging Face model's alone): G is
+# about the whole process the budget's run took, CUDA's start included.
 # The same arithmetic as all-resident's: their losses can equal it bit for
 # bit. The others step on the CPU or with their own kernels.
 EXACT = ("resident", "torch_uvm")     # and every torch_uvm variant (a prefix)
@@ -163,7 +168,7 @@ LLAMA_BATCH, LLAMA_SEQ = 4, 1024
 def budget(scenario, variant: str = "") -> int:
     """The variant's budget (its _<N>GiB, else the scenario's); for the tiny
     llama, the same share of its weights."""
-    gib = method.variant_gib(variant)
+    gib = None if method.variant_bound_gib(variant) else method.variant_gib(variant)
     b = SCENARIOS[scenario]["budget"] if gib is None else int(gib * GiB)
     if scenario == "llama" and TINY:
         b = int(b * offload_llama.weights_bytes(offload_llama.llama_config(True))
@@ -325,6 +330,9 @@ def run(scenario, variant):
     with gpu:
         result = measure(scenario, variant)
     result["process_gpu_memory"] = gpu.result()
+    if result.get("bound_bytes") and result["process_gpu_memory"]:   # against the whole process
+        result["process_gpu_at_start_bytes"] = torch.cuda.mem_get_info()[1] - gpu.baseline_free
+        result["gpu_peak_run_bytes"] = result["process_gpu_memory"]["peak_bytes"]
     return result
 
 
@@ -347,7 +355,14 @@ def measure(scenario, variant):
             os.environ[torch_uvm.host_step.COPIES_VARIABLE] = str(copies)
         if threads is not None:  # the host step's threads (read at its first step)
             os.environ[torch_uvm.host_step.THREADS_VARIABLE] = str(threads)
-        handle = torch_uvm.offload(model, budget=budget(scenario, variant), device="cuda")
+        bound = method.variant_bound_gib(variant)
+        if bound is None:
+            handle = torch_uvm.offload(model, budget=budget(scenario, variant), device="cuda")
+        else:               # (what building the model left cached is not the process's)
+            torch.cuda.empty_cache()
+            handle = torch_uvm.offload(model, gpu_memory=int(bound * GiB), device="cuda",
+                                       batch=x.shape[0], seq=x.shape[1])
+            extra.update(bound_bytes=int(bound * GiB), budget_bytes=handle.state.bound.budget)
         optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True),
                                             step_in_backward="in_backward" in variant,
                                             host_step=method.variant_host_step(variant),
@@ -738,11 +753,13 @@ def report(scenario, runs, rounds):
         # nor the variants that hold the weights on the GPU
         bounded = v != "resident" and v not in MORE_MEMORY
         own_least, own_on_gpu, own_host = least, on_gpu, host
-        if least and budget(scenario, v) != budget(scenario):    # a variant's own budget
+        # a variant's own budget (under gpu_memory: the one the bound chose)
+        own_budget = ok[-1].get("budget_bytes") or budget(scenario, v)
+        if least and own_budget != budget(scenario):
             h, d = least["h2d_gbps"] * 1e9, least["d2h_gbps"] * 1e9
-            own_least = least_limit(ok[-1]["weights_bytes"], budget(scenario, v), h, d,
+            own_least = least_limit(ok[-1]["weights_bytes"], own_budget, h, d,
                                     scenario in AUTOCAST)
-            own_host = host_limit(ok[-1]["weights_bytes"], budget(scenario, v), h, d, runs)
+            own_host = host_limit(ok[-1]["weights_bytes"], own_budget, h, d, runs)
             own_on_gpu = link_limit(ok[-1]["weights_bytes"], ok[-1]["resident_weight_bytes"],
                                     h, d) if "resident_weight_bytes" in ok[-1] else None
         own_shared = None
@@ -785,6 +802,8 @@ def report(scenario, runs, rounds):
                  else " |")
               + f" {method.gib_cell(ok[-1].get('host_peak_bytes'))} |")
     for v, row in table.items():
+        if row.get("bound_bytes"):    # the whole process against its bound
+            method.report_bound(row, [r for r in runs[v] if r])
         if "optimizer" in row:   # the anchors' step, as it ran
             print(f"  {v}: optimizer {json.dumps(row['optimizer'])}")
         h = row.get("host_step_per_step")

@@ -56,7 +56,9 @@ import torch
 from .offload_state import window_bytes
 from .host_step import copies_share
 from .activations import DEFAULT_WINDOW as ACTIVATIONS_WINDOW
+from .estimate_trace import trace
 from .sizes import card_bytes, parse_bytes
+from torch.utils._pytree import tree_leaves
 
 GiB = 1 << 30
 # Measured beside the tensors, on H100s and H200s (benchmarks/results):
@@ -288,7 +290,7 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
              ahead: int = 1, checkpointing: bool = True, eager_attention: Optional[bool] = None,
              lora_rank: int = 16, autocast: bool = True, step_in_backward: bool = True,
              link_gbps: Optional[float] = "measure", taken: Optional[int] = None,
-             activations_home=False, host_step: float = 0.0) -> Estimate:
+             activations_home=False, host_step: float = 0.0, inputs=None) -> Estimate:
     """The estimate of an offload of the model `config` describes (a
     ``config.json``, its folder, or its dict; or a Hugging Face model
     itself, on the meta device say, whose units are then measured as
@@ -310,7 +312,11 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
     two of its windows of them stay; "auto": only when gpu_memory cannot
     hold them otherwise. `host_step` (a full fine-tune stepping in
     backward): the share of the streamed weights stepped on the host, whose
-    gradients then go home (stream_optimizer's host_step). `eager_attention`: the attention keeps its
+    gradients then go home (stream_optimizer's host_step). `inputs` (a
+    module's estimate): the forward's arguments, tensors of a step's shapes
+    on any device; the activations are then read from one forward on the
+    meta device (estimate_trace.py), not from a config's formulas: the way
+    for a module that is no Hugging Face decoder. `eager_attention`: the attention keeps its
     probabilities for backward (Hugging Face's "eager"); default: as a
     model's ``config._attn_implementation`` says, False for a config file
     (which does not record it)."""
@@ -327,35 +333,48 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"torch_uvm: estimate's {name} must be a positive int, got {v!r}")
     module = config if isinstance(config, torch.nn.Module) else None
+    training = task != "generate"
+    traced = shape = None
+    if inputs is not None and module is None:
+        raise ValueError("torch_uvm: estimate's inputs run a module's forward; a config's "
+                         "shapes come from batch= and seq=")
     if module is not None:     # (on the meta device, say: nothing of it is read but its shapes)
         hf = getattr(module, "config", None)
-        if not hasattr(hf, "to_dict"):
-            raise ValueError("torch_uvm: estimate of a module reads its Hugging Face config "
-                             "(module.config); for another module pass a config.json")
-        config = hf.to_dict()
-        if eager_attention is None:
-            eager_attention = getattr(hf, "_attn_implementation", None) == "eager"
+        if inputs is not None:
+            traced = trace(module, inputs, training)
+            first_input = next(t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor))
+            batch = first_input.shape[0] if first_input.dim() else 1
+            seq = first_input.shape[1] if first_input.dim() > 1 and \
+                not first_input.is_floating_point() else 1      # (token ids: a sequence)
+        elif not hasattr(hf, "to_dict"):
+            raise ValueError("torch_uvm: estimate of a module that is no Hugging Face model (it "
+                             "has no module.config) reads its activations from one forward on "
+                             "the meta device: pass inputs=, the forward's arguments (tensors "
+                             "of a step's shapes)")
+        else:
+            config = hf.to_dict()
+            if eager_attention is None:
+                eager_attention = getattr(hf, "_attn_implementation", None) == "eager"
         if dtype is None:
             first = next((p for p in module.parameters() if p.is_floating_point()), None)
             dtype = str(first.dtype).replace("torch.", "") if first is not None else None
-    if not isinstance(config, dict):     # a config.json, or its folder: read once
-        path = os.fspath(config)
-        path = os.path.join(path, "config.json") if os.path.isdir(path) else path
-        with open(path) as f:
-            config = json.load(f)
-    shape = Shape.from_config(config)
-    if module is None:
-        refuse_unread(config)
+    if traced is None:
+        if not isinstance(config, dict):     # a config.json, or its folder: read once
+            path = os.fspath(config)
+            path = os.path.join(path, "config.json") if os.path.isdir(path) else path
+            with open(path) as f:
+                config = json.load(f)
+        shape = Shape.from_config(config)
+        if module is None:
+            refuse_unread(config)
     if dtype is None:
-        dtype = "float32" if task == "full" else \
+        dtype = "float32" if task == "full" or traced else \
             config.get("torch_dtype") or config.get("dtype") or "bfloat16"
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"torch_uvm: estimate's dtype is one of {sorted(DTYPE_BYTES)}, got "
                          f"{dtype!r}")
     e = DTYPE_BYTES[dtype]
     act = 2 if task == "full" and autocast else e     # bf16 autocast over fp32 weights
-    training = task != "generate"
-    h, L, V = shape.hidden, shape.layers, shape.vocab
     if module is not None:     # its units as offload() would make them, measured
         measured = unit_sizes(module, units)
         sizes = [nbytes for nbytes, _ in measured]
@@ -368,7 +387,7 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
     if task == "full":
         largest_trainable = largest if trainable is None else max(trainable)
     elif task == "lora":   # a projection's adapters: rank x (in + out), fp32
-        largest_trainable = lora_rank * (h + shape.intermediate) * 4 * (
+        largest_trainable = lora_rank * (shape.hidden + shape.intermediate) * 4 * (
             1 if units == "submodules" else 7) if trainable is None else max(trainable)
     else:
         largest_trainable = 0
@@ -387,6 +406,31 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
     def gpu_parts(b: int, home: bool, margin: int = 0) -> Dict[str, int]:
         parts = {} if taken is None else {"held before the offload": taken}
         parts["slots"] = min(b, weights)
+        if traced is not None:
+            traced_parts(parts, home)
+        else:
+            formula_parts(parts, home)
+        parts["allocator's cache"] = int(CACHE_SHARE * (parts["activations"] + parts["logits"]))
+        parts["workspaces"] = RUNTIME_BYTES
+        if margin:
+            parts["margin"] = margin
+        return parts
+
+    def traced_parts(parts: Dict[str, int], home: bool) -> None:
+        # (the trace runs in the weights' dtype; under autocast, the casts' size)
+        saved, work = (int(traced.saved * act / e), int(traced.largest * act / e))
+        if training:
+            parts["gradients in flight"] = 2 * largest_trainable
+            if home:     # offload_activations: two windows on their way
+                saved = min(saved, 2 * ACTIVATIONS_WINDOW)
+            parts["activations"] = saved + work
+            parts["logits"] = 2 * traced.output        # the output and its gradient
+        else:
+            parts["activations"] = work
+            parts["logits"] = traced.output
+
+    def formula_parts(parts: Dict[str, int], home: bool) -> None:
+        h, L, V = shape.hidden, shape.layers, shape.vocab
         tokens = batch * seq
         layer = tokens * h * (34 + (5 * shape.heads * seq / h if eager_attention else 0)) * act / 2
         if training:
@@ -401,11 +445,6 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
             parts["logits"] = batch * V * (act + 4)
             kv = shape.kv_heads * (h // shape.heads)
             parts["KV cache"] = 2 * L * batch * (seq + new_tokens) * kv * e
-        parts["allocator's cache"] = int(CACHE_SHARE * (parts["activations"] + parts["logits"]))
-        parts["workspaces"] = RUNTIME_BYTES
-        if margin:
-            parts["margin"] = margin
-        return parts
 
     home = activations_home is True and training
     margin = 0 if bound is None else bound // MARGIN_PARTS
@@ -435,7 +474,7 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
     elif task == "lora" and trainable is not None:   # the adapters are among the weights:
         host = weights + 3 * sum(trainable)              # their gradients and AdamW's states
     elif task == "lora":
-        n_lora = L * 7 * lora_rank * (h + shape.intermediate)
+        n_lora = shape.layers * 7 * lora_rank * (shape.hidden + shape.intermediate)
         host = weights + n_lora * 4 * 4
     else:
         host = weights

@@ -61,8 +61,8 @@ def check(optimizer: torch.optim.Optimizer, host_step) -> float:
             f"one); got {host_step!r}")
     if host_step == 0:
         return 0.0
-    threads()                       # a bad TORCH_UVM_HOST_STEP_THREADS is refused now
-    copies_share()                  # and a bad TORCH_UVM_HOST_STEP_COPIES
+    # a bad TORCH_UVM_HOST_STEP_THREADS or _COPIES is refused now (config.cpp parses both at once)
+    threads()
     # (torch.optim wraps each class's step when its first instance is made:
     # compared unwrapped, a subclass that only inherits it is Adam's own)
     if inspect.unwrap(type(optimizer).step) not in (inspect.unwrap(torch.optim.Adam.step),

@@ -300,6 +300,26 @@ def test_a_variant_with_its_own_budget_is_held_to_its_own_limit(capsys):
     assert "| torch_uvm_in_backward_4GiB | 4096 " in capsys.readouterr().out
 
 
+def test_a_bound_variant_is_held_to_the_budget_its_bound_chose_and_reports_the_whole_process(
+        capsys):
+    """torch_uvm_bound_14GiB_in_backward: offload(gpu_memory=14 GiB). Its
+    14 is no budget; its limit is the chosen budget's, and the report sets
+    the whole process (CUDA's start and the run's peak) beside the bound."""
+    v = "torch_uvm_bound_14GiB_in_backward_host1_nonblocking"
+    assert v in offload_train.PLAN["llama"]
+    assert offload_train.budget("llama", v) == 8 * GiB
+    run = {**fake_train_run([2.0, 1.9], 0.8), "weights_bytes": 12 * GiB, "tokens_per_step": 4096,
+           "resident_weight_bytes": 2 * GiB, "to_gpu_bytes_per_step": 0, "home_bytes_per_step": 0}
+    runs = {"pinned_rate": [{"h2d_gbps": 50.0, "d2h_gbps": 50.0}], "resident": [run],
+            v: [{**run, "s_per_step": 1.0, "bound_bytes": 14 * GiB, "budget_bytes": 4 * GiB,
+                 "process_gpu_at_start_bytes": GiB // 2, "gpu_peak_run_bytes": 13 * GiB}]}
+    table, lim = offload_train.report("llama", runs, 1)
+    assert table[v]["link_limit_s"] == pytest.approx(8 * GiB / 50e9, rel=1e-6)   # as 4 GiB's
+    assert table[v]["process_gpu_whole_peak_bytes"] == 13 * GiB + GiB // 2
+    assert "gpu_memory 14.00 GiB: the process's peak 13.50 GiB (CUDA's start 0.50 + the " \
+        "run's 13.00), the budget chosen 4.00 GiB" in capsys.readouterr().out
+
+
 def test_a_host_step_variant_is_held_to_its_own_placements_limit(capsys):
     """torch_uvm_in_backward_host1: the weights the host steps keep their
     moments home (12 bytes cross for them, not 28), and the host's fused
