@@ -19,6 +19,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 from torch_uvm.estimate import estimate  # noqa: E402
 
 GiB = 1 << 30
@@ -40,13 +41,16 @@ def mlp():
     """offload_train's MLP (MLP_LAYERS x Linear(MLP_WIDTH, MLP_WIDTH), no
     bias, fp32), on the meta device."""
     import torch
+    from offload_train import MLP_LAYERS, MLP_WIDTH
     with torch.device("meta"):
-        return torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, bias=False) for _ in range(32)])
+        return torch.nn.Sequential(*[torch.nn.Linear(MLP_WIDTH, MLP_WIDTH, bias=False)
+                                     for _ in range(MLP_LAYERS)])
 
 
 def mlp_inputs():
     import torch
-    return torch.empty(256, 4096, device="meta")     # offload_train's MLP_BATCH x MLP_WIDTH
+    from offload_train import MLP_BATCH, MLP_WIDTH
+    return torch.empty(MLP_BATCH, MLP_WIDTH, device="meta")
 
 
 # The rows whose estimate misses its target, each with why. The test asserts

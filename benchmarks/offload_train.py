@@ -165,6 +165,12 @@ GPT_BATCH, GPT_SEQ = 4, 512
 LLAMA_BATCH, LLAMA_SEQ = 4, 1024
 
 
+def own_budget(scenario, variant: str, run: Optional[dict]) -> int:
+    """The budget a variant's run streamed under: the one its gpu_memory
+    chose (a bound variant's run records it), else budget()."""
+    return (run or {}).get("budget_bytes") or budget(scenario, variant)
+
+
 def budget(scenario, variant: str = "") -> int:
     """The variant's budget (its _<N>GiB, else the scenario's); for the tiny
     llama, the same share of its weights."""
@@ -358,8 +364,7 @@ def measure(scenario, variant):
         bound = method.variant_bound_gib(variant)
         if bound is None:
             handle = torch_uvm.offload(model, budget=budget(scenario, variant), device="cuda")
-        else:               # (what building the model left cached is not the process's)
-            torch.cuda.empty_cache()
+        else:               # (gpu_memory gives back what building the model left cached)
             handle = torch_uvm.offload(model, gpu_memory=int(bound * GiB), device="cuda",
                                        batch=x.shape[0], seq=x.shape[1])
             extra.update(bound_bytes=int(bound * GiB), budget_bytes=handle.state.bound.budget)
@@ -754,12 +759,12 @@ def report(scenario, runs, rounds):
         bounded = v != "resident" and v not in MORE_MEMORY
         own_least, own_on_gpu, own_host = least, on_gpu, host
         # a variant's own budget (under gpu_memory: the one the bound chose)
-        own_budget = ok[-1].get("budget_bytes") or budget(scenario, v)
-        if least and own_budget != budget(scenario):
+        chosen = own_budget(scenario, v, ok[-1])
+        if least and chosen != budget(scenario):
             h, d = least["h2d_gbps"] * 1e9, least["d2h_gbps"] * 1e9
-            own_least = least_limit(ok[-1]["weights_bytes"], own_budget, h, d,
+            own_least = least_limit(ok[-1]["weights_bytes"], chosen, h, d,
                                     scenario in AUTOCAST)
-            own_host = host_limit(ok[-1]["weights_bytes"], own_budget, h, d, runs)
+            own_host = host_limit(ok[-1]["weights_bytes"], chosen, h, d, runs)
             own_on_gpu = link_limit(ok[-1]["weights_bytes"], ok[-1]["resident_weight_bytes"],
                                     h, d) if "resident_weight_bytes" in ok[-1] else None
         own_shared = None
@@ -868,7 +873,8 @@ def main():
         def metric(v):
             return [r["s_per_step"] if r else None for r in runs[s].get(v, [])]
         for v in [v for v in runs[s] if v.startswith("torch_uvm")]:
-            if budget(s, v) != budget(s):      # its own budget: the ratios to its own limit
+            ran = next((r for r in reversed(runs[s][v]) if r), None)
+            if own_budget(s, v, ran) != budget(s):   # its own budget: the ratios to its own limit
                 own = table.get(v, {}).get("link_limit_s")       # at the median rates
                 if own:
                     compared[f"({s}) {v}, s per step / its link limit ({LEAST})"] = \

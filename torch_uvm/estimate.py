@@ -58,7 +58,6 @@ from .host_step import copies_share
 from .activations import DEFAULT_WINDOW as ACTIVATIONS_WINDOW
 from .estimate_trace import trace
 from .sizes import card_bytes, parse_bytes
-from torch.utils._pytree import tree_leaves
 
 GiB = 1 << 30
 # Measured beside the tensors, on H100s and H200s (benchmarks/results):
@@ -284,8 +283,8 @@ def unit_sizes(module, units: str):
     return [(u.nbytes, u.trainable_bytes) for u in made]
 
 
-def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch: int = 1,
-             seq: int = 512,
+def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
+             batch: Optional[int] = None, seq: Optional[int] = None,
              new_tokens: int = 32, dtype: Optional[str] = None, units: str = "submodules",
              ahead: int = 1, checkpointing: bool = True, eager_attention: Optional[bool] = None,
              lora_rank: int = 16, autocast: bool = True, step_in_backward: bool = True,
@@ -329,6 +328,11 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
     if units not in ("submodules", "layers") and not isinstance(config, torch.nn.Module):
         raise ValueError(f"torch_uvm: estimate's units is 'submodules' or 'layers' (of a module: "
                          f"anything offload's units takes), got {units!r}")
+    if inputs is not None and (batch is not None or seq is not None):
+        raise ValueError("torch_uvm: estimate's inputs give the step's shapes; pass batch= and "
+                         "seq= for a config, not with inputs")
+    batch = 1 if batch is None else batch
+    seq = 512 if seq is None else seq
     for name, v in (("batch", batch), ("seq", seq), ("ahead", ahead)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"torch_uvm: estimate's {name} must be a positive int, got {v!r}")
@@ -340,12 +344,17 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
                          "shapes come from batch= and seq=")
     if module is not None:     # (on the meta device, say: nothing of it is read but its shapes)
         hf = getattr(module, "config", None)
+        if inputs is not None and hasattr(hf, "to_dict"):
+            raise ValueError("torch_uvm: estimate's inputs are for a module with no Hugging Face "
+                             "config; a Hugging Face model is estimated from its config (its KV "
+                             "cache, checkpointing and attention): pass batch= and seq= instead")
         if inputs is not None:
+            if training and not any(p.requires_grad for p in module.parameters()):
+                raise ValueError(f"torch_uvm: estimate's task {task!r} trains, and none of this "
+                                 f"module's parameters requires grad: set requires_grad on what "
+                                 f"trains (the adapters, say), or task='generate'")
             traced = trace(module, inputs, training)
-            first_input = next(t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor))
-            batch = first_input.shape[0] if first_input.dim() else 1
-            seq = first_input.shape[1] if first_input.dim() > 1 and \
-                not first_input.is_floating_point() else 1      # (token ids: a sequence)
+            batch, seq = traced.batch, traced.seq
         elif not hasattr(hf, "to_dict"):
             raise ValueError("torch_uvm: estimate of a module that is no Hugging Face model (it "
                              "has no module.config) reads its activations from one forward on "
@@ -457,11 +466,13 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None, batch
             need = least_bound(beside + least)
             taken_by = ", ".join(f"{k} {size_text(v)}" for k, v in
                                  gpu_parts(least, home, need // MARGIN_PARTS).items())
+            lower = "give smaller inputs" if traced else "lower batch or seq"
+            checkpoint = training and not checkpointing and not traced
             raise ValueError(
                 f"torch_uvm: {size_text(bound)} of GPU memory cannot hold this {WORDS[task]} "
                 f"at batch {batch} x {seq} tokens: the least that works is "
-                f"{size_text(need)} ({taken_by}). Raise gpu_memory, or lower batch or "
-                f"seq{', or checkpoint activations' if training and not checkpointing else ''}"
+                f"{size_text(need)} ({taken_by}). Raise gpu_memory, or {lower}"
+                f"{', or checkpoint activations' if checkpoint else ''}"
                 f"{', or send activations home' if training and activations_home is False else ''}")
         chosen = min(bound - beside - margin, weights)
     elif chosen is None:

@@ -10,6 +10,7 @@ the module itself is not touched (on the CPU, on the meta device, anywhere).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -21,6 +22,8 @@ class Traced:
     saved: int       # bytes the forward saves for backward, the module's own tensors left out
     largest: int     # the largest tensor one operation made (a layer's work at once)
     output: int      # the bytes of the forward's output
+    batch: int       # the first input's leading size
+    seq: int         # its second, for token ids or (batch, seq, features); else 1
 
 
 class _Largest(TorchDispatchMode):
@@ -47,36 +50,47 @@ def _meta(t: torch.Tensor) -> torch.Tensor:
 
 
 def trace(module: torch.nn.Module, inputs, training: bool) -> Traced:
-    """`inputs`: a tensor, or a tuple of the forward's arguments (tensors of
-    the shapes and dtypes a step feeds it, on any device: only those are
-    read). ValueError, naming the cause, when the forward cannot run on the
-    meta device."""
-    args = inputs if isinstance(inputs, tuple) else (inputs,)
-    if not any(isinstance(t, torch.Tensor) for t in tree_leaves(args)):
-        raise ValueError(f"torch_uvm: estimate's inputs are the forward's arguments: a tensor "
-                         f"or a tuple with tensors, got {type(inputs).__name__}")
-    args = tree_map(lambda t: torch.empty_like(t, device="meta")
-                    if isinstance(t, torch.Tensor) else t, args)
+    """`inputs`: a tensor, a tuple of the forward's positional arguments, or
+    a dict of its keyword arguments (tensors of the shapes and dtypes a step
+    feeds it, on any device: only those are read). ValueError, naming the
+    cause, for arguments the forward does not take, or a forward that cannot
+    run on the meta device."""
+    args, kwargs = ((), dict(inputs)) if isinstance(inputs, dict) else \
+        (inputs if isinstance(inputs, tuple) else (inputs,), {})
+    tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    if not tensors:
+        raise ValueError(f"torch_uvm: estimate's inputs are the forward's arguments: a tensor, "
+                         f"a tuple or a dict with tensors, got {type(inputs).__name__}")
+    try:
+        inspect.signature(module.forward).bind(*args, **kwargs)
+    except TypeError as err:
+        raise ValueError(f"torch_uvm: estimate's inputs must be arguments "
+                         f"{type(module).__name__}.forward takes ({err})") from None
+    args, kwargs = tree_map(lambda t: torch.empty_like(t, device="meta")
+                            if isinstance(t, torch.Tensor) else t, (args, kwargs))
     own = {name: _meta(t) for name, t in
            list(module.named_parameters()) + list(module.named_buffers())}
     ids = {id(t) for t in own.values()}
     saved = {}
 
     def pack(t):
-        base = t if t._base is None else t._base      # (a weight saved transposed is a view)
-        if id(base) not in ids:
-            saved[id(t)] = t
+        base = t if t._base is None else t._base   # (a view keeps its base: counted once)
+        if id(base) not in ids:                    # (a weight saved transposed is its own)
+            saved[id(base)] = base
         return None
     largest = _Largest()
     try:
         with torch.set_grad_enabled(training), \
                 torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None), largest:
-            out = torch.func.functional_call(module, own, args)
-    except (RuntimeError, NotImplementedError, TypeError) as err:
+            out = torch.func.functional_call(module, own, args, kwargs)
+    except Exception as err:     # (whatever the forward raises on the meta device)
         raise ValueError(f"torch_uvm: estimate could not run the module's forward on the meta "
                          f"device to read its activations ({type(err).__name__}: "
                          f"{str(err).splitlines()[0] if str(err) else ''}); give the offload a "
                          f"budget= instead, from a measured run") from None
     output = sum(t.nbytes for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+    first = tensors[0]
+    sequence = first.dim() >= 3 or (first.dim() == 2 and not first.is_floating_point())
     return Traced(saved=sum(t.nbytes for t in saved.values()), largest=largest.nbytes,
-                  output=output)
+                  output=output, batch=first.shape[0] if first.dim() else 1,
+                  seq=first.shape[1] if sequence else 1)

@@ -20,17 +20,31 @@ Then it steps at once, while the backward goes on:
 - the optimizer's own step, narrowed to its parameters;
 - its gradients are then let go.
 
+A group whose shards are on the CPU (FSDP2's ``CPUOffloadPolicy``, or a CPU
+mesh) steps on one worker thread instead: the backward goes on beside the
+host's step (PyTorch's CPU kernels let go of the GIL), as FSDP2's own
+offload does not. The worker waits for the gradient's copy home first (an
+event on the stream FSDP2 calls the hook on). The next forward, before
+FSDP2 gathers anything, and ``optimizer.step()`` wait for every queued step
+(and raise its error, if one failed).
+
 So, as under an offload's ``step_in_backward``:
 - PyTorch's clipping of those parameters raises;
 - a forward with gradients before ``optimizer.step()`` (accumulation)
   raises, before anything of it runs;
 - so does ``step(closure)``.
 
-Built so far: this step, tested on two CPU ranks (gloo). Not yet built: the
+Built so far: this step, tested on two CPU ranks (gloo): bit for bit as
+FSDP2's own step after backward, with FSDP2's MixedPrecisionPolicy too, and
+through a run saved with torch.distributed.checkpoint and resumed
+(``get_state_dict`` initializes a fresh optimizer's states with one
+``optimizer.step()``, which steps every group here). Not yet built: the
 shards in pinned homes that FSDP2's copy-in reads in place, and the host's
 step. Not yet run on GPUs."""
 from __future__ import annotations
 
+import concurrent.futures
+import threading
 import weakref
 from typing import List, Tuple
 
@@ -67,6 +81,11 @@ class ShardSteps:
         self._own_step = optimizer.step
         self._events: List["torch.cuda.Event"] = []
         self._hooks = []
+        # the groups on the CPU step on one worker, in the order they complete
+        self._on_host = [all(p.device.type == "cpu" for p in ps) for ps in self.params]
+        self._worker = None
+        self._queued: List[concurrent.futures.Future] = []
+        self._stepping = threading.Lock()     # one narrowed step at a time
         self._count_expected()
         ref = weakref.ref(self)
         self._hooks.append(model.register_forward_pre_hook(
@@ -103,6 +122,7 @@ class ShardSteps:
         their step."""
         if self.lifecycle.backward_active() and torch._C._current_graph_task_id() == -1:
             self.end_backward()
+        self.wait()          # FSDP2's gathers read what the host's steps write
         if torch.is_grad_enabled() and self.lifecycle.stepped_in_backward():
             raise RuntimeError(
                 "torch_uvm: a forward with gradients before optimizer.step(): its param "
@@ -126,26 +146,63 @@ class ShardSteps:
                     lambda: (lambda s: s and s.end_backward())(ref()))
         if life.gradient(unit, torch._C._current_graph_task_id()):
             life.steps_in_backward(unit)            # (refused if it stepped already)
-            self._step(unit)
+            if self._on_host[unit]:
+                self._submit(unit)
+            else:
+                self._step(unit)
+                self._let_go(unit)
             life.stepped(unit, True)
-            held = self._held()
-            for p in self.params[unit]:
-                if id(p) in held and p.grad is not None:
-                    if p.grad.is_cuda:    # its memory is not reused before the step read it
-                        local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-                        local.record_stream(torch.cuda.current_stream())
-                    p.grad = None         # (another optimizer's gradients stay)
             if self.params[unit][0].is_cuda:       # the next forward's gathers after it
                 event = torch.cuda.Event()
                 event.record()
                 self._events.append(event)
+
+    def _submit(self, unit: int) -> None:
+        """The unit's step on the worker, after the copies queued so far on
+        the hook's stream (a gradient's copy home among them)."""
+        ready = None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            ready = torch.cuda.Event()
+            ready.record()
+        if self._worker is None:
+            self._worker = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="torch_uvm-fsdp-host-step")
+
+        def work():
+            if ready is not None:
+                ready.synchronize()
+            self._step(unit)
+            self._let_go(unit)
+        self._queued.append(self._worker.submit(work))
+
+    def pending(self) -> int:
+        """The host's steps queued and not yet done."""
+        return sum(not f.done() for f in self._queued)
+
+    def wait(self) -> None:
+        """Every queued step done; the first that failed raises here."""
+        queued, self._queued = self._queued, []
+        for f in queued:
+            f.result()
+
+    def _let_go(self, unit: int) -> None:
+        """The group's gradients the optimizer holds, let go after its step
+        (another optimizer's stay)."""
+        held = self._held()
+        for p in self.params[unit]:
+            if id(p) in held and p.grad is not None:
+                if p.grad.is_cuda:    # its memory is not reused before the step read it
+                    local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                    local.record_stream(torch.cuda.current_stream())
+                p.grad = None
 
     def _step(self, unit: int) -> None:
         """The optimizer's own step over the group's parameters with
         gradients (its global step hooks run once a group)."""
         ids = {id(p) for p in self.params[unit] if p.grad is not None}
         if ids:
-            step_over(self.optimizer, self._own_step, ids, {})
+            with self._stepping:
+                step_over(self.optimizer, self._own_step, ids, {})
 
     def end_backward(self) -> None:
         """The backward's end: the compute stream waits for the steps taken
@@ -163,6 +220,7 @@ class ShardSteps:
             raise ValueError("torch_uvm: step(closure) runs the closure's backward, whose "
                              "groups step in it already (step_in_backward): call the "
                              "closure, then step() without it")
+        self.wait()
         done = set(self.lifecycle.stepped_units())
         for unit in range(len(self.params)):
             if unit not in done and any(p.grad is not None for p in self.params[unit]):
@@ -178,7 +236,12 @@ class ShardSteps:
                 if any(id(p) in ids for p in self.params[u])]
 
     def undo(self) -> None:
-        """The hooks removed and the optimizer's own step back."""
+        """The hooks removed and the optimizer's own step back (after the
+        host's steps queued)."""
+        self.wait()
+        if self._worker is not None:
+            self._worker.shutdown()
+            self._worker = None
         for h in self._hooks:
             h.remove()
         self._hooks.clear()

@@ -121,8 +121,9 @@ class ProcessBound:
         if not hasattr(getattr(module, "config", None), "to_dict"):
             raise ValueError("torch_uvm: offload's gpu_memory sizes the activations from a "
                              "Hugging Face model's config (module.config), and this module has "
-                             "none: pass budget= instead (estimate a similar config with "
-                             "torch_uvm.estimate to choose it)")
+                             "none: pass budget= instead (torch_uvm.estimate(module, task=..., "
+                             "inputs=...) says what a budget takes, from one forward on the meta "
+                             "device)")
         limit = card_bytes(gpu_memory, "gpu_memory", device)
         torch.cuda.synchronize(device)     # (what PyTorch's allocator caches unused is
         torch.cuda.empty_cache()           #  given back first: the estimate counts its own)

@@ -235,6 +235,56 @@ def test_a_module_without_a_config_is_estimated_from_one_forward_on_the_meta_dev
         estimate(TINY, inputs=x, link_gbps=None)
     with pytest.raises(ValueError, match="could not run the module's forward on the meta"):
         estimate(model, inputs=torch.randn(batch, width + 1), link_gbps=None)
+    with pytest.raises(ValueError, match="must be arguments Sequential.forward takes"):
+        estimate(model, inputs={"mask": x}, link_gbps=None)
+    with pytest.raises(ValueError, match="pass batch= and seq= for a config, not with inputs"):
+        estimate(model, inputs=x, batch=4, link_gbps=None)
+    frozen = torch.nn.Linear(4, 4).requires_grad_(False)
+    with pytest.raises(ValueError, match="none of this module's parameters requires grad"):
+        estimate(frozen, task="lora", inputs=torch.randn(2, 4), link_gbps=None)
+
+
+class Tokens(torch.nn.Module):
+    """Token ids in, an embedding, then a Linear over (batch, seq, hidden)
+    and one the same again (its input saved as a view, (batch x seq, hidden))."""
+
+    def __init__(self, vocab=16, hidden=8):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden)
+        self.up, self.act, self.down = (torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+                                        torch.nn.Linear(hidden, hidden))
+
+    def forward(self, ids, scale=None):
+        h = self.act(self.up(self.embed(ids)))
+        return self.down(h) * (1 if scale is None else scale)
+
+
+def test_a_traced_estimate_counts_a_tensor_saved_also_as_its_view_once_and_reads_token_ids():
+    model, (batch, seq, hidden) = Tokens(), (2, 5, 8)
+    ids = torch.zeros(batch, seq, dtype=torch.long)
+    e = estimate(model, task="full", budget=1 << 20, inputs=ids, autocast=False,
+                 link_gbps=None)
+    assert (e.batch, e.seq) == (batch, seq)
+    row = batch * seq * hidden * 4
+    # saved: the ids, the embedding's output, ReLU's output (the second Linear's
+    # input is a view of it: counted once); the output's gradient too
+    assert e.gpu["activations"] == batch * seq * 8 + 2 * row + row
+    by_name = estimate(model, task="full", budget=1 << 20, inputs={"ids": ids}, autocast=False,
+                       link_gbps=None)
+    assert by_name.gpu == e.gpu
+    features = estimate(torch.nn.Linear(hidden, hidden), task="generate", budget=1 << 20,
+                        inputs=torch.randn(batch, seq, hidden), link_gbps=None)
+    assert (features.batch, features.seq) == (batch, seq)
+
+
+def test_a_hugging_face_model_with_inputs_is_refused_for_its_config():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(**{k: v for k, v in TINY.items()
+                                         if k not in ("model_type", "torch_dtype")})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ValueError, match="a Hugging Face model is estimated from its config"):
+        estimate(model, inputs=torch.zeros(1, 4, dtype=torch.long), link_gbps=None)
 
 
 def test_a_models_eager_attention_counts_its_probabilities():

@@ -4,7 +4,6 @@ losses, parameters and optimizer states equal FSDP2's own step after
 backward, bit for bit. Clipping, accumulation and a closure are refused."""
 import os
 import socket
-import sys
 import traceback
 
 import pytest
@@ -29,25 +28,27 @@ def free_port() -> int:
     return port
 
 
-def make(mesh):
-    """Three Linear blocks (9 rows: shards of uneven size), each fully_shard,
-    and the root."""
+def make(mesh, **options):
+    """Three Linear blocks (9 rows: shards of uneven size), each fully_shard
+    (with `options`: mp_policy, say), and the root."""
     from torch.distributed.fsdp import fully_shard
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 9), torch.nn.ReLU(), torch.nn.Linear(9, 8),
                                 torch.nn.ReLU(), torch.nn.Linear(8, 4))
     for block in (model[0], model[2], model[4]):
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, **options)
+    fully_shard(model, mesh=mesh, **options)
     return model
 
 
-def train(model, optimizer, rank, out):
+def train(model, optimizer, rank, out, steps=None):
     torch.manual_seed(10 + rank)
     losses = []
     for _ in range(STEPS):
         loss = model(torch.randn(4, 8)).square().mean()
         loss.backward()
+        if steps is not None:    # (CPU shards: their steps run on the worker)
+            steps.wait()
         out.setdefault("grads_after_backward", []).append(
             sum(p.grad is not None for p in model.parameters()))
         optimizer.step()
@@ -68,6 +69,7 @@ def worker(rank, world, port, queue):
     out = {}
     try:
         from torch.distributed.device_mesh import init_device_mesh
+        torch.set_num_threads(1)     # (two ranks and a host step's worker on a small CI machine)
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
         mesh = init_device_mesh("cpu", (world,))
@@ -84,7 +86,7 @@ def worker(rank, world, port, queue):
         optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
         steps = tfsdp.step_in_backward(model, optimizer)
         out["groups"] = steps.names
-        got = train(model, optimizer, rank, out)
+        got = train(model, optimizer, rank, out, steps)
         out["losses_equal"] = got == want
         (gp, gs), (wp, ws) = full(model, optimizer), full(reference, ref_opt)
         out["params_equal"] = all(torch.equal(a, b) for a, b in zip(gp, wp))
@@ -92,6 +94,7 @@ def worker(rank, world, port, queue):
         # clipping what stepped in backward, a second backward before the
         # step, and a closure: each refused
         model(torch.randn(4, 8)).sum().backward()
+        steps.wait()       # (what clipping would see is then the same on both ranks)
         try:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         except RuntimeError as err:
@@ -125,6 +128,7 @@ def worker(rank, world, port, queue):
                                  lr=0.05)
         psteps = tfsdp.step_in_backward(partial, popt)
         partial(torch.randn(4, 8)).sum().backward()
+        psteps.wait()
         out["kept_other_grad"] = partial[2].weight.grad is not None and \
             partial[2].bias.grad is None
         popt.step()
@@ -153,12 +157,14 @@ def worker(rank, world, port, queue):
     queue.put((rank, out))
 
 
-@pytest.fixture(scope="module")
-def ranks():
-    world, ctx = 2, mp.get_context("spawn")
+def spawn_ranks(target, *args, world: int = 2) -> dict:
+    """target(rank, world, port, *args, queue) on `world` spawned ranks:
+    {rank: what it put}, none with an error."""
+    ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=worker, args=(r, world, port, queue)) for r in range(world)]
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, queue))
+             for r in range(world)]
     for p in procs:
         p.start()
     results = dict(queue.get(timeout=240) for _ in procs)
@@ -167,6 +173,11 @@ def ranks():
     for r, out in results.items():
         assert "error" not in out, f"rank {r}:\n{out['error']}"
     return results
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return spawn_ranks(worker)
 
 
 def test_each_param_group_steps_in_backward_as_fsdp2_steps_after_it(ranks):
