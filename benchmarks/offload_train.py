@@ -43,7 +43,10 @@ Variants: all resident (in every run: each variant's losses are checked
 against it); torch_uvm.offload with stream_optimizer (the step after
 backward, and step_in_backward); PyTorch's FSDP2 with CPUOffloadPolicy
 (world size 1: weights, gradients and states in pinned host memory, the step
-on the CPU with torch.optim.AdamW(fused=True), PyTorch's fused CPU kernel);
+on the CPU with torch.optim.AdamW(fused=True), PyTorch's fused CPU kernel),
+and the same with torch_uvm.fsdp.step_in_backward (fsdp2_cpu_offload_uvm_steps:
+each param group's fused CPU step on a worker thread as soon as its
+gradients are home, beside the rest of the backward, the same arithmetic);
 for the MLP also torchao's CPUOffloadOptimizer and bitsandbytes' PagedAdamW,
 which keep the weights on the GPU (only the optimizer's states, and for
 torchao the gradients, live in host memory); DeepSpeed ZeRO-3 with its
@@ -118,9 +121,11 @@ SCENARIOS = {   # hidden: the model's width, which DeepSpeed's bucket sizes foll
 TOKENS = ("gpt2", "llama")      # reported in tokens/s (the others in s / step)
 PLAN = {
     "mlp": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload",
+            "fsdp2_cpu_offload_uvm_steps",
             "torchao_cpu_offload", "bnb_paged_adamw", "deepspeed_zero_offload",
             "deepspeed_zero2_offload_more_memory"],
     "gpt2": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload",
+             "fsdp2_cpu_offload_uvm_steps",
              "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory",
              "torch_uvm_in_backward_host1_nonblocking",
              "torch_uvm_in_backward_host1_nonblocking_copies1pct",
@@ -130,7 +135,8 @@ PLAN = {
               "torch_uvm_host1", "torch_uvm_host1_nonblocking",
               "torch_uvm_in_backward_host0.75",
               "torch_uvm_in_backward_host0.5",
-              "fsdp2_cpu_offload", "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory",
+              "fsdp2_cpu_offload", "fsdp2_cpu_offload_uvm_steps",
+              "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory",
               "torch_uvm_in_backward_3GiB", "torch_uvm_in_backward_4GiB",
               "torch_uvm_in_backward_host1_4GiB", "torch_uvm_in_backward_host1_nonblocking_4GiB",
               "torch_uvm_in_backward_host1_nonblocking_copies1pct",
@@ -372,11 +378,14 @@ def measure(scenario, variant):
                                             step_in_backward="in_backward" in variant,
                                             host_step=method.variant_host_step(variant),
                                             non_blocking="_nonblocking" in variant)
-    elif variant == "fsdp2_cpu_offload":
+    elif variant in ("fsdp2_cpu_offload", "fsdp2_cpu_offload_uvm_steps"):
         model = fsdp2(model)
         # the parameters are pinned CPU DTensors: fused=True is PyTorch's
         # fused CPU AdamW (since 2.4), its fastest CPU step
         optimizer = torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True)
+        if variant.endswith("_uvm_steps"):     # each group steps on the host in backward
+            import torch_uvm.fsdp
+            extra["shard_steps"] = torch_uvm.fsdp.step_in_backward(model, optimizer).names
         extra["optimizer"] = {"class": "torch.optim.AdamW",
                               "fused": optimizer.defaults.get("fused"),
                               "params_on": str(next(model.parameters()).device)}
@@ -500,7 +509,7 @@ def measure(scenario, variant):
         stats = torch_uvm.memory_stats()
         extra["slot_bytes_peak"] = stats["slots.cuda:0.reserved_bytes.peak"]
         extra["slot_allocated_bytes_peak"] = stats["slots.cuda:0.allocated_bytes.peak"]
-    if variant == "fsdp2_cpu_offload" or variant.startswith("deepspeed"):
+    if variant.startswith(("fsdp2_cpu_offload", "deepspeed")):
         import torch.distributed as dist
         dist.destroy_process_group()
     extra["host_peak_bytes"] = offload_llama.host_peak_bytes()
@@ -806,6 +815,11 @@ def report(scenario, runs, rounds):
               + (f" + {ok[-1]['slot_bytes_peak'] / GiB:.2f} GiB |" if "slot_bytes_peak" in ok[-1]
                  else " |")
               + f" {method.gib_cell(ok[-1].get('host_peak_bytes'))} |")
+    ours, theirs = table.get("fsdp2_cpu_offload_uvm_steps"), table.get("fsdp2_cpu_offload")
+    if ours and theirs:     # the same fused CPU AdamW, a group at a time
+        same = ours["losses"] == theirs["losses"]
+        ours["same_losses_as_fsdp2_cpu_offload"] = same
+        print(f"  fsdp2_cpu_offload_uvm_steps: losses bit for bit as fsdp2_cpu_offload's: {same}")
     for v, row in table.items():
         if row.get("bound_bytes"):    # the whole process against its bound
             method.report_bound(row, [r for r in runs[v] if r])
@@ -914,6 +928,9 @@ def main():
                     metric(v), lim["on_gpu_s"], target=2.0)
             compared[f"({s}) {v} / FSDP2 CPUOffloadPolicy, s per step"] = method.ratio(
                 metric(v), metric("fsdp2_cpu_offload"))
+        if runs[s].get("fsdp2_cpu_offload_uvm_steps"):   # the same arithmetic, stepped in backward
+            compared[f"({s}) fsdp2_cpu_offload_uvm_steps / FSDP2 CPUOffloadPolicy, s per step"] = \
+                method.ratio(metric("fsdp2_cpu_offload_uvm_steps"), metric("fsdp2_cpu_offload"))
         if s == "mlp":
             compared["(mlp) torch_uvm_in_backward, s per step (target 0.3)"] = method.ratio(
                 metric("torch_uvm_in_backward"), [1.0] * args.rounds, target=0.3)

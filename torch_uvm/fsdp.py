@@ -23,8 +23,8 @@ Then it steps at once, while the backward goes on:
 A group whose shards are on the CPU (FSDP2's ``CPUOffloadPolicy``, or a CPU
 mesh) steps on one worker thread instead: the backward goes on beside the
 host's step (PyTorch's CPU kernels let go of the GIL), as FSDP2's own
-offload does not. The worker waits for the gradient's copy home first (an
-event on the stream FSDP2 calls the hook on). The next forward, before
+offload does not. The worker waits for the GPU's work queued before the
+hook first (the gradient's copy home among it). The next forward, before
 FSDP2 gathers anything, and ``optimizer.step()`` wait for every queued step
 (and raise its error, if one failed).
 
@@ -38,9 +38,9 @@ Built so far: this step, tested on two CPU ranks (gloo): bit for bit as
 FSDP2's own step after backward, with FSDP2's MixedPrecisionPolicy too, and
 through a run saved with torch.distributed.checkpoint and resumed
 (``get_state_dict`` initializes a fresh optimizer's states with one
-``optimizer.step()``, which steps every group here). Not yet built: the
-shards in pinned homes that FSDP2's copy-in reads in place, and the host's
-step. Not yet run on GPUs."""
+``optimizer.step()``, which steps every group here), and the host's steps
+on the worker. Not yet built: the shards in pinned homes that FSDP2's
+copy-in reads in place. Not yet run on GPUs."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -158,19 +158,21 @@ class ShardSteps:
                 self._events.append(event)
 
     def _submit(self, unit: int) -> None:
-        """The unit's step on the worker, after the copies queued so far on
-        the hook's stream (a gradient's copy home among them)."""
-        ready = None
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            ready = torch.cuda.Event()
-            ready.record()
+        """The unit's step on the worker, after all the GPU's work queued
+        so far: the gradients' copies home among it, on whichever stream
+        FSDP2 put them (torch 2.14 copies synchronously when a hook reads
+        the gradient; an older one may not, and on a stream of its own).
+        The worker waits, not the backward's thread."""
+        # (the hook's thread's GPU: the rank's; the worker's own would be GPU 0)
+        device = torch.cuda.current_device() \
+            if torch.cuda.is_available() and torch.cuda.is_initialized() else None
         if self._worker is None:
             self._worker = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="torch_uvm-fsdp-host-step")
 
         def work():
-            if ready is not None:
-                ready.synchronize()
+            if device is not None:
+                torch.cuda.synchronize(device)
             self._step(unit)
             self._let_go(unit)
         self._queued.append(self._worker.submit(work))

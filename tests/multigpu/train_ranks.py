@@ -9,16 +9,21 @@ Modes:
                under a budget of half the model, optimizer streamed
                (stream_optimizer): the path when the model does not fit one card
   ddp_resident the reference of ddp_offload: the same DDP, all resident
+  fsdp2_offload        FSDP2 with CPUOffloadPolicy and fused CPU AdamW
+  fsdp2_offload_steps  the same, each param group stepped on torch_uvm's host
+                       worker in the backward (torch_uvm.fsdp.step_in_backward):
+                       its losses and weights equal fsdp2_offload's bit for bit
 
 Every rank trains `--steps` steps on its own batch (seeded by rank) and rank 0
-writes {"ranks": [{"losses", "memory", "contexts", "pid", "device"}, ...],
+writes {"ranks": [{"losses", "params_sha1", "memory", "contexts", "pid", "device"}, ...],
 "nvidia_smi": {pid: [GPUs]}} to --out: per rank, the bytes PyTorch's
 statistics show on each GPU and the GPUs it holds a context on, and which
 GPUs nvidia-smi sees each process on (a rank must be on its own GPU only). With --device cpu (gloo), the
-DDP modes run on the CPU: a check of this script that needs no GPU.
+DDP and fsdp2_offload modes run on the CPU: a check of this script that needs no GPU.
 """
 import argparse
 import ctypes
+import hashlib
 import json
 import os
 import subprocess
@@ -71,7 +76,8 @@ def gpus_by_pid() -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=["ddp", "fsdp2", "ddp_offload", "ddp_resident"],
+    ap.add_argument("--mode", choices=["ddp", "fsdp2", "ddp_offload", "ddp_resident",
+                                       "fsdp2_offload", "fsdp2_offload_steps"],
                     required=True)
     ap.add_argument("--uvm", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5)
@@ -98,6 +104,20 @@ def main():
             fully_shard(block)
         fully_shard(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    elif args.mode.startswith("fsdp2_offload"):
+        # FSDP2's CPUOffloadPolicy: shards, gradients and states in host memory,
+        # PyTorch's fused CPU AdamW; _steps: each group stepped on torch_uvm's
+        # worker in the backward (fsdp.step_in_backward)
+        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+        policy = CPUOffloadPolicy(pin_memory=device.type == "cuda")
+        model.to(device)
+        for block in model[0].layers:
+            fully_shard(block, offload_policy=policy)
+        fully_shard(model, offload_policy=policy)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+        if args.mode.endswith("_steps"):
+            import torch_uvm.fsdp
+            torch_uvm.fsdp.step_in_backward(model, optimizer)
     elif args.mode == "ddp_offload":
         import torch_uvm
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -116,6 +136,9 @@ def main():
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
+    whole = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+    digest = hashlib.sha1(b"".join(p.detach().cpu().contiguous().numpy().tobytes()
+                                   for p in whole)).hexdigest()
     memory, contexts = {}, {}
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -123,7 +146,8 @@ def main():
                   for d in range(torch.cuda.device_count())}
         contexts = {f"cuda:{d}": context_active(d) for d in range(torch.cuda.device_count())}
     gathered = [None] * world
-    dist.all_gather_object(gathered, {"rank": rank, "losses": losses, "memory": memory,
+    dist.all_gather_object(gathered, {"rank": rank, "losses": losses, "params_sha1": digest,
+                                      "memory": memory,
                                       "contexts": contexts, "pid": os.getpid(),
                                       "device": str(device)})
     if rank == 0:   # every rank still holds its memory: the others wait at the barrier

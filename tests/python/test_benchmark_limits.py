@@ -572,3 +572,21 @@ def test_a_host_step_placements_limit_counts_its_bytes_through_the_hosts_memory(
     through = alone["to_gpu_bytes"] + alone["home_bytes"] + 7 * host
     assert shared["seconds"] == pytest.approx(through / 180e9)
     assert shared["seconds"] > alone["seconds"]
+
+
+def test_fsdp2s_offload_stepped_in_backward_is_set_beside_fsdp2s_own(capsys):
+    """fsdp2_cpu_offload_uvm_steps: FSDP2's offload with each group's fused
+    CPU step on torch_uvm's worker in backward; the same arithmetic, so its
+    losses are checked against fsdp2_cpu_offload's bit for bit."""
+    assert offload_train.PLAN["llama"].index("fsdp2_cpu_offload_uvm_steps") == \
+        offload_train.PLAN["llama"].index("fsdp2_cpu_offload") + 1
+    run = {**fake_train_run([2.0, 1.9], 0.8), "weights_bytes": 12 * GiB, "tokens_per_step": 4096}
+    runs = {"pinned_rate": [{"h2d_gbps": 50.0, "d2h_gbps": 50.0}], "resident": [run],
+            "fsdp2_cpu_offload": [{**run, "s_per_step": 2.0}],
+            "fsdp2_cpu_offload_uvm_steps": [{**run, "s_per_step": 1.5}]}
+    table, _ = offload_train.report("llama", runs, 1)
+    assert table["fsdp2_cpu_offload_uvm_steps"]["same_losses_as_fsdp2_cpu_offload"]
+    assert "losses bit for bit as fsdp2_cpu_offload's: True" in capsys.readouterr().out
+    runs["fsdp2_cpu_offload_uvm_steps"][0]["losses"] = [2.0, 1.8]
+    table, _ = offload_train.report("llama", runs, 1)
+    assert not table["fsdp2_cpu_offload_uvm_steps"]["same_losses_as_fsdp2_cpu_offload"]
