@@ -61,8 +61,12 @@ MISSES = {
         "GPU: gradients in flight. The run's allocator peaked at 380 MiB (the "
         "saved inputs 128 MiB, so about 3.75 units' 64 MiB gradients) and cached "
         "296 MiB more; the estimate counts two units' gradients and half the "
-        "tensors as cache. The GPU's step lags the host's backward by several "
-        "small units here; not yet modelled"),
+        "tensors as cache. A unit stepping in backward steps on a stream of its "
+        "own after its states' copy to the GPU (128 MiB, about 2.4 ms at the "
+        "link's rate) and its gradients' memory is free only once that step "
+        "ran, while the backward's own work a unit is about 0.3 ms: the steps "
+        "lag the backward by several units. How many the budget lets lag is "
+        "not yet modelled"),
 }
 
 # name, config, estimate's arguments, (JSON, run path), where the GPU peak,

@@ -54,6 +54,12 @@ from . import _C, clipping
 from .narrowed_step import step_over
 
 
+# torch.optim's optimizers whose step reads and writes each parameter alone
+ELEMENTWISE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad,
+               torch.optim.Adamax, torch.optim.RMSprop, torch.optim.NAdam, torch.optim.RAdam,
+               torch.optim.Adadelta, torch.optim.Rprop)
+
+
 def param_groups(model: torch.nn.Module) -> List[Tuple[str, List[torch.nn.Parameter]]]:
     """(module name, its parameters) of each ``fully_shard`` call within
     `model`, the innermost first; groups without parameters left out."""
@@ -85,11 +91,17 @@ class ShardSteps:
         self._on_host = [all(p.device.type == "cpu" for p in ps) for ps in self.params]
         self._worker = None
         self._queued: List[concurrent.futures.Future] = []
-        self._stepping = threading.Lock()     # one narrowed step at a time
+        self._stepping = threading.Lock()     # one narrowed step, or one let go, at a time
+        # the rank's GPU (set before fully_shard, as FSDP2 reads it): where a
+        # gradient's copy home runs, which the host's step waits for
+        self._device = torch.device("cuda", torch.cuda.current_device()) \
+            if torch.cuda.is_available() and torch.cuda.is_initialized() else None
         self._count_expected()
         ref = weakref.ref(self)
         self._hooks.append(model.register_forward_pre_hook(
             lambda _m, _a: (lambda s: s and s.before_forward())(ref()), prepend=True))
+        self._own_zero_grad = optimizer.zero_grad
+        optimizer.zero_grad = self.zero_grad
         optimizer.step = self.step
         optimizer._torch_uvm_shard_steps = self
         clipping.watch(self)
@@ -158,21 +170,22 @@ class ShardSteps:
                 self._events.append(event)
 
     def _submit(self, unit: int) -> None:
-        """The unit's step on the worker, after all the GPU's work queued
-        so far: the gradients' copies home among it, on whichever stream
-        FSDP2 put them (torch 2.14 copies synchronously when a hook reads
-        the gradient; an older one may not, and on a stream of its own).
-        The worker waits, not the backward's thread."""
-        # (the hook's thread's GPU: the rank's; the worker's own would be GPU 0)
-        device = torch.cuda.current_device() \
-            if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        """The unit's step on the worker, after the work queued so far on the
+        rank's current stream, where FSDP2 calls the hook: its post-reduce
+        stream, which copied the gradient home (torch 2.14 copies
+        synchronously when a hook reads the gradient; this covers a
+        non-blocking copy too). The worker waits, not the backward's thread."""
+        ready = None
+        if self._device is not None:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self._device))
         if self._worker is None:
             self._worker = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="torch_uvm-fsdp-host-step")
 
         def work():
-            if device is not None:
-                torch.cuda.synchronize(device)
+            if ready is not None:
+                ready.synchronize()
             self._step(unit)
             self._let_go(unit)
         self._queued.append(self._worker.submit(work))
@@ -182,21 +195,33 @@ class ShardSteps:
         return sum(not f.done() for f in self._queued)
 
     def wait(self) -> None:
-        """Every queued step done; the first that failed raises here."""
+        """Every queued step done. If one failed, its error raises here,
+        after all of them ended: the step is then over (the next forward
+        may take gradients), the failed groups keep their gradients and
+        their weights, and another optimizer.step() steps them again."""
         queued, self._queued = self._queued, []
-        for f in queued:
-            f.result()
+        failed = [e for e in (f.exception() for f in queued) if e is not None]  # (each waits)
+        if failed:
+            self.lifecycle.step_ends()
+            raise failed[0]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """optimizer.zero_grad(), after the host's steps (they read the
+        gradients and let them go)."""
+        self.wait()
+        self._own_zero_grad(set_to_none)
 
     def _let_go(self, unit: int) -> None:
         """The group's gradients the optimizer holds, let go after its step
         (another optimizer's stay)."""
-        held = self._held()
-        for p in self.params[unit]:
-            if id(p) in held and p.grad is not None:
-                if p.grad.is_cuda:    # its memory is not reused before the step read it
-                    local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-                    local.record_stream(torch.cuda.current_stream())
-                p.grad = None
+        with self._stepping:      # (never while a step elsewhere narrows the param groups)
+            held = self._held()
+            for p in self.params[unit]:
+                if id(p) in held and p.grad is not None:
+                    if p.grad.is_cuda:    # its memory is not reused before the step read it
+                        local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                        local.record_stream(torch.cuda.current_stream())
+                    p.grad = None
 
     def _step(self, unit: int) -> None:
         """The optimizer's own step over the group's parameters with
@@ -238,18 +263,21 @@ class ShardSteps:
                 if any(id(p) in ids for p in self.params[u])]
 
     def undo(self) -> None:
-        """The hooks removed and the optimizer's own step back (after the
-        host's steps queued)."""
-        self.wait()
-        if self._worker is not None:
-            self._worker.shutdown()
-            self._worker = None
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
-        self.optimizer.step = self._own_step
-        del self.optimizer._torch_uvm_shard_steps
-        clipping.unwatch(self)
+        """The hooks removed and the optimizer's own step and zero_grad back,
+        after the host's steps queued (a failed one's error raises after)."""
+        try:
+            self.wait()
+        finally:
+            if self._worker is not None:
+                self._worker.shutdown()
+                self._worker = None
+            for h in self._hooks:
+                h.remove()
+            self._hooks.clear()
+            self.optimizer.step = self._own_step
+            self.optimizer.zero_grad = self._own_zero_grad
+            del self.optimizer._torch_uvm_shard_steps
+            clipping.unwatch(self)
 
 
 def step_in_backward(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> ShardSteps:
@@ -269,6 +297,15 @@ def step_in_backward(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
     if getattr(optimizer, "_torch_uvm_shard_steps", None) is not None:
         raise ValueError("torch_uvm: this optimizer steps in backward already "
                          "(fsdp.step_in_backward was called for it)")
+    # (the host's worker runs the optimizer's own step beside FSDP2's collectives:
+    # one whose step communicates could meet them in another order on each rank)
+    if any(p.device.type == "cpu" for _, ps in groups for p in ps) and \
+            not isinstance(optimizer, ELEMENTWISE):
+        raise ValueError(f"torch_uvm: shards on the CPU step on a worker thread beside the "
+                         f"backward, with torch.optim's elementwise optimizers "
+                         f"({', '.join(c.__name__ for c in ELEMENTWISE)}); this one is a "
+                         f"{type(optimizer).__name__}, whose step may communicate: step after "
+                         f"backward without fsdp.step_in_backward")
     ours = {id(p) for _, ps in groups for p in ps}
     others = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in ours]
     if others:

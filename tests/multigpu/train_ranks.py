@@ -136,9 +136,10 @@ def main():
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
-    whole = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+    # (each rank's own shard or replica: no collective, whatever device it is on)
+    mine = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
     digest = hashlib.sha1(b"".join(p.detach().cpu().contiguous().numpy().tobytes()
-                                   for p in whole)).hexdigest()
+                                   for p in mine)).hexdigest()
     memory, contexts = {}, {}
     if device.type == "cuda":
         torch.cuda.synchronize()

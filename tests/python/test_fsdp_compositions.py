@@ -10,6 +10,7 @@ write a resumed run and mixed precision, and its steps on the host's worker:
   backward returns while a step is held back, and the next forward waits
   for it (the results equal FSDP2's own step after backward)."""
 import threading
+import time
 import os
 import traceback
 
@@ -148,20 +149,57 @@ def held(mesh, rank, out):
 
 
 class FailingAdamW(torch.optim.AdamW):
+    """Its first step fails; the others take a while, then step."""
+
+    def __init__(self, params, **kw):
+        super().__init__(params, **kw)
+        self.calls = 0
+
     def step(self, closure=None):
-        raise RuntimeError("this step failed")
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("this step failed")
+        time.sleep(0.2)
+        return super().step(closure)
 
 
 def failing(mesh, rank, out):
-    """A step that fails on the worker raises at optimizer.step()."""
+    """A step that fails on the worker raises at optimizer.step(), once
+    every queued step ended; the step is then over, the failed group keeps
+    its gradients, and another optimizer.step() steps it."""
     model = make(mesh)
     optimizer = FailingAdamW(model.parameters(), lr=0.05)
-    tfsdp.step_in_backward(model, optimizer)
+    shard_steps = tfsdp.step_in_backward(model, optimizer)
     model(batches(rank)[0]).square().mean().backward()      # the backward itself goes on
     try:
         optimizer.step()
     except RuntimeError as err:
         out["failed_step"] = str(err)
+    out["failed_pending"] = shard_steps.pending()
+    kept = [p for p in model.parameters() if p.grad is not None]
+    out["failed_kept_grads"] = len(kept)
+    before = [p.to_local().clone() for p in kept]
+    optimizer.step()                                      # the failed group, again
+    out["failed_retried"] = all(not torch.equal(a, p.to_local()) for a, p in zip(before, kept))
+    optimizer.zero_grad()
+    model(batches(rank)[1]).square().mean().backward()    # a new step may begin
+    optimizer.step()
+    out["failed_then_trains"] = True
+    try:
+        tfsdp.step_in_backward(make(mesh), torch.optim.LBFGS(make(mesh).parameters()))
+    except ValueError as err:
+        out["lbfgs"] = str(err)
+
+    class Talking(torch.optim.Optimizer):    # (a step of its own, which may communicate)
+        def step(self, closure=None):
+            pass
+    other = make(mesh)
+    talking = Talking(other.parameters(), {})
+    try:
+        tfsdp.step_in_backward(other, talking)
+    except ValueError as err:
+        out["talking"] = str(err)
+    out["talking_untouched"] = "step" not in vars(talking)
 
 
 def worker(rank, world, port, folder, queue):
@@ -211,6 +249,12 @@ def test_the_host_steps_overlap_the_backward_and_the_forward_and_step_wait_for_t
         assert out["held_params_equal"] and out["held_states_equal"]
 
 
-def test_a_host_step_that_fails_raises_at_the_step(ranks):
+def test_a_host_step_that_fails_raises_at_the_step_after_the_others_end(ranks):
     for out in ranks.values():
         assert out["failed_step"] == "this step failed"
+        assert out["failed_pending"] == 0            # the others ended before it raised
+        assert out["failed_kept_grads"] == 2         # the failed group's weight and bias
+        assert out["failed_retried"] and out["failed_then_trains"]
+        assert "whose step may communicate" not in out["lbfgs"]   # (LBFGS: its own refusal)
+        assert "this one is a Talking, whose step may communicate" in out["talking"]
+        assert out["talking_untouched"]
