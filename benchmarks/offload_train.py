@@ -47,9 +47,12 @@ on the CPU with torch.optim.AdamW(fused=True), PyTorch's fused CPU kernel),
 and the same with torch_uvm.fsdp.step_in_backward (fsdp2_cpu_offload_uvm_steps:
 each param group's fused CPU step on a worker thread as soon as its
 gradients are home, beside the rest of the backward, the same arithmetic);
+for the bf16-autocast llama also both with FSDP2's MixedPrecisionPolicy
+(_bf16: bf16 gathered and computed, fp32 reduced, FSDP2's fastest form);
 for the MLP also torchao's CPUOffloadOptimizer and bitsandbytes' PagedAdamW,
 which keep the weights on the GPU (only the optimizer's states, and for
-torchao the gradients, live in host memory); DeepSpeed ZeRO-3 with its
+torchao the gradients, live in host memory); DeepSpeed ZeRO-3 (for the
+llama also _bf16: its bf16 block, bf16 gathered and fp32 master states) with its
 parameters and optimizer offloaded to the CPU (ZeRO-Infinity's placement at
 world size 1: fp32 weights and AdamW states in pinned host memory, gathered
 to the GPU per submodule, DeepSpeedCPUAdam), tuned as DeepSpeed's and
@@ -136,7 +139,9 @@ PLAN = {
               "torch_uvm_in_backward_host0.75",
               "torch_uvm_in_backward_host0.5",
               "fsdp2_cpu_offload", "fsdp2_cpu_offload_uvm_steps",
-              "deepspeed_zero_offload", "deepspeed_zero2_offload_more_memory",
+              "fsdp2_cpu_offload_bf16", "fsdp2_cpu_offload_bf16_uvm_steps",
+              "deepspeed_zero_offload", "deepspeed_zero_offload_bf16",
+              "deepspeed_zero2_offload_more_memory",
               "torch_uvm_in_backward_3GiB", "torch_uvm_in_backward_4GiB",
               "torch_uvm_in_backward_host1_4GiB", "torch_uvm_in_backward_host1_nonblocking_4GiB",
               "torch_uvm_in_backward_host1_nonblocking_copies1pct",
@@ -162,6 +167,9 @@ def exact(variant: str) -> bool:
     return variant.startswith(EXACT) and not method.variant_host_step(variant)
 
 
+# FSDP2's offload with torch_uvm's host steps in backward, and FSDP2's own.
+UVM_STEPS = {"fsdp2_cpu_offload_uvm_steps": "fsdp2_cpu_offload",
+             "fsdp2_cpu_offload_bf16_uvm_steps": "fsdp2_cpu_offload_bf16"}
 # Hold more than the budget on the GPU (the weights at least).
 MORE_MEMORY = ("torchao_cpu_offload", "bnb_paged_adamw", "deepspeed_zero2_offload_more_memory",
                "torchtune_single_device")
@@ -267,23 +275,30 @@ def torchtune_single_device(model, lr):
     return model, InBackward()
 
 
-def fsdp2(model):
+def fsdp2(model, bf16: bool = False):
+    """FSDP2 with CPUOffloadPolicy at world size 1; `bf16`: its
+    MixedPrecisionPolicy too (bf16 gathered and computed, fp32 reduced), the
+    fastest form for a bf16-autocast fine-tune (no fp32 casts cached)."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
     dist.init_process_group("nccl", rank=0, world_size=1)
     torch.cuda.set_device(0)
     blocks = (model.transformer.h if hasattr(model, "transformer")
               else model.model.layers if hasattr(model, "model") else list(model))
+    options = {"offload_policy": CPUOffloadPolicy()}
+    if bf16:
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                    reduce_dtype=torch.float32)
     for block in blocks:
-        fully_shard(block, offload_policy=CPUOffloadPolicy())
-    fully_shard(model, offload_policy=CPUOffloadPolicy())
+        fully_shard(block, **options)
+    fully_shard(model, **options)
     return model
 
 
-def deepspeed_config(stage: int, budget: int, hidden: int, lr: float) -> dict:
+def deepspeed_config(stage: int, budget: int, hidden: int, lr: float, bf16: bool = False) -> dict:
     """DeepSpeed's settings as its docs tune offload (the ZeRO-3 offload
     examples of DeepSpeed's and Hugging Face's DeepSpeed pages): pinned host
     memory, communication overlapped, gradients contiguous, sub_group_size
@@ -309,12 +324,15 @@ def deepspeed_config(stage: int, budget: int, hidden: int, lr: float) -> dict:
             "stage3_max_live_parameters": budget // 4,   # fp32 elements in the budget
             "stage3_max_reuse_distance": int(1e9),
         })
-    return {
+    config = {
         "train_micro_batch_size_per_gpu": 1,
         # torch.optim.AdamW's defaults (DeepSpeed's weight_decay is 0)
         "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": 0.01}},
         "zero_optimization": zero,
     }
+    if bf16:     # bf16 weights gathered and computed, fp32 master weights and states
+        config["bf16"] = {"enabled": True}
+    return config
 
 
 def deepspeed_zero_offload(model, config):
@@ -378,8 +396,8 @@ def measure(scenario, variant):
                                             step_in_backward="in_backward" in variant,
                                             host_step=method.variant_host_step(variant),
                                             non_blocking="_nonblocking" in variant)
-    elif variant in ("fsdp2_cpu_offload", "fsdp2_cpu_offload_uvm_steps"):
-        model = fsdp2(model)
+    elif variant.startswith("fsdp2_cpu_offload"):
+        model = fsdp2(model, bf16="_bf16" in variant)
         # the parameters are pinned CPU DTensors: fused=True is PyTorch's
         # fused CPU AdamW (since 2.4), its fastest CPU step
         optimizer = torch.optim.AdamW(model.parameters(), lr=conf["lr"], fused=True)
@@ -404,7 +422,8 @@ def measure(scenario, variant):
         optimizer = bnb.optim.PagedAdamW(model.parameters(), lr=conf["lr"])
     elif variant.startswith("deepspeed"):
         config = deepspeed_config(2 if variant == "deepspeed_zero2_offload_more_memory" else 3,
-                                  budget(scenario), conf["hidden"], conf["lr"])
+                                  budget(scenario), conf["hidden"], conf["lr"],
+                                  bf16=variant.endswith("_bf16"))
         model = deepspeed_zero_offload(model, config)
         extra["optimizer"] = {"class": type(getattr(model, "basic_optimizer", None)).__name__,
                               "zero_optimization": config["zero_optimization"]}
@@ -691,7 +710,6 @@ def report(scenario, runs, rounds):
     ref = next((r["losses"] for r in runs.get("resident", []) if r), None)
     lim = limits(scenario, runs, rounds)
     least, on_gpu, host = lim["least"], lim["on_gpu"], lim["host"]
-    conf = SCENARIOS[scenario]
     rates = (f"pinned {least['h2d_gbps']:.1f} GB/s to the GPU and {least['d2h_gbps']:.1f} home, "
              f"{'measured in this run' if lim['measured'] else 'assumed: pinned_rate did not run'}"
              if least else "no run")
@@ -815,11 +833,12 @@ def report(scenario, runs, rounds):
               + (f" + {ok[-1]['slot_bytes_peak'] / GiB:.2f} GiB |" if "slot_bytes_peak" in ok[-1]
                  else " |")
               + f" {method.gib_cell(ok[-1].get('host_peak_bytes'))} |")
-    ours, theirs = table.get("fsdp2_cpu_offload_uvm_steps"), table.get("fsdp2_cpu_offload")
-    if ours and theirs:     # the same fused CPU AdamW, a group at a time
-        same = ours["losses"] == theirs["losses"]
-        ours["same_losses_as_fsdp2_cpu_offload"] = same
-        print(f"  fsdp2_cpu_offload_uvm_steps: losses bit for bit as fsdp2_cpu_offload's: {same}")
+    for mine, fsdp in UVM_STEPS.items():    # the same fused CPU AdamW, a group at a time
+        ours, theirs = table.get(mine), table.get(fsdp)
+        if ours and theirs:
+            same = ours["losses"] == theirs["losses"]
+            ours[f"same_losses_as_{fsdp}"] = same
+            print(f"  {mine}: losses bit for bit as {fsdp}'s: {same}")
     for v, row in table.items():
         if row.get("bound_bytes"):    # the whole process against its bound
             method.report_bound(row, [r for r in runs[v] if r])
@@ -928,9 +947,10 @@ def main():
                     metric(v), lim["on_gpu_s"], target=2.0)
             compared[f"({s}) {v} / FSDP2 CPUOffloadPolicy, s per step"] = method.ratio(
                 metric(v), metric("fsdp2_cpu_offload"))
-        if runs[s].get("fsdp2_cpu_offload_uvm_steps"):   # the same arithmetic, stepped in backward
-            compared[f"({s}) fsdp2_cpu_offload_uvm_steps / FSDP2 CPUOffloadPolicy, s per step"] = \
-                method.ratio(metric("fsdp2_cpu_offload_uvm_steps"), metric("fsdp2_cpu_offload"))
+        for mine, fsdp in UVM_STEPS.items():     # the same arithmetic, stepped in backward
+            if runs[s].get(mine) and runs[s].get(fsdp):
+                compared[f"({s}) {mine} / {fsdp}, s per step"] = \
+                    method.ratio(metric(mine), metric(fsdp))
         if s == "mlp":
             compared["(mlp) torch_uvm_in_backward, s per step (target 0.3)"] = method.ratio(
                 metric("torch_uvm_in_backward"), [1.0] * args.rounds, target=0.3)

@@ -185,6 +185,11 @@ def test_deepspeed_is_tuned_as_its_docs_tune_it_and_capped_at_the_budget():
     more = offload_train.deepspeed_config(2, GiB, 4096, 1e-4)["zero_optimization"]
     assert "offload_param" not in more and more["offload_optimizer"]["pin_memory"]
     assert "deepspeed_zero2_offload_more_memory" in offload_train.MORE_MEMORY
+    assert "bf16" not in offload_train.deepspeed_config(3, GiB, 4096, 1e-4)
+    assert offload_train.deepspeed_config(3, GiB, 4096, 1e-4, bf16=True)["bf16"] == \
+        {"enabled": True}
+    assert {"deepspeed_zero_offload_bf16", "fsdp2_cpu_offload_bf16",
+            "fsdp2_cpu_offload_bf16_uvm_steps"} <= set(offload_train.PLAN["llama"])
 
 
 def fake_generate_run(tokens, tokens_per_s, streamed):
@@ -585,6 +590,7 @@ def test_fsdp2s_offload_stepped_in_backward_is_set_beside_fsdp2s_own(capsys):
             "fsdp2_cpu_offload": [{**run, "s_per_step": 2.0}],
             "fsdp2_cpu_offload_uvm_steps": [{**run, "s_per_step": 1.5}]}
     table, _ = offload_train.report("llama", runs, 1)
+    assert offload_train.UVM_STEPS["fsdp2_cpu_offload_bf16_uvm_steps"] == "fsdp2_cpu_offload_bf16"
     assert table["fsdp2_cpu_offload_uvm_steps"]["same_losses_as_fsdp2_cpu_offload"]
     assert "losses bit for bit as fsdp2_cpu_offload's: True" in capsys.readouterr().out
     runs["fsdp2_cpu_offload_uvm_steps"][0]["losses"] = [2.0, 1.8]
