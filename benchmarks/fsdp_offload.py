@@ -1,0 +1,252 @@
+"""FSDP2's offload across ranks, with and without torch_uvm's host steps in
+backward (issue 57): tokens/s per GPU, each rank's process GPU memory, the
+host's memory, and the per-GPU link limit, at 1, 2 or 4 GPUs.
+
+    python benchmarks/fsdp_offload.py --gpus 2 [--rounds 3] [--shape 3b] [--out DIR]
+    python benchmarks/fsdp_offload.py --gpus 2 --cpu --shape tiny   (gloo ranks, a smoke run)
+
+Each variant runs as one torchrun launch of --gpus ranks (fresh processes),
+the variants interleaved round by round:
+- fsdp2_cpu_offload: FSDP2's CPUOffloadPolicy (shards, gradients and AdamW's
+  states in pinned host memory), PyTorch's fused CPU AdamW after backward;
+- fsdp2_cpu_offload_uvm_steps: the same, each param group stepped on
+  torch_uvm's host worker as soon as its gradients are home
+  (torch_uvm.fsdp.step_in_backward): the same arithmetic, checked bit for bit;
+- the two again with FSDP2's MixedPrecisionPolicy (_bf16: bf16 gathered and
+  computed, fp32 reduced);
+- fsdp2_resident: FSDP2 without offload, where it fits (more memory).
+
+The model: a Llama of offload_llama's shapes (fp32 master weights, bf16
+autocast, activation checkpointing), batch 4 x 1024 tokens on every rank.
+The per-GPU link limit: each rank's shard of the weights must come to its
+GPU at least once a step and its gradients' shard go home once, at the
+pinned rates measured in the same run, both ways at once:
+W / world / min(h2d, d2h). The host's AdamW steps every rank's shard on one
+host: W / 4 elements at the fused CPU AdamW's rate measured beside it.
+Prints a table and writes fsdp_offload.json and .png to --out."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import method  # noqa: E402
+
+VARIANTS = ["fsdp2_cpu_offload", "fsdp2_cpu_offload_uvm_steps",
+            "fsdp2_cpu_offload_bf16", "fsdp2_cpu_offload_bf16_uvm_steps"]
+EXTRA = ["fsdp2_resident"]
+# each variant stepped in backward by torch_uvm, and FSDP2's own: bit for bit
+TWINS = {"fsdp2_cpu_offload_uvm_steps": "fsdp2_cpu_offload",
+         "fsdp2_cpu_offload_bf16_uvm_steps": "fsdp2_cpu_offload_bf16"}
+STEPS, BATCH, SEQ, LR = 5, 4, 1024, 1e-4
+
+
+def build(shape: str, device):
+    """The Llama, its batch and its loss on this rank (the batch seeded by rank)."""
+    import torch
+    import torch.distributed as dist
+    import offload_llama
+    model = offload_llama.build(shape == "tiny", shape="7b" if shape == "tiny" else shape,
+                                dtype=torch.float32, fill=device.type)   # (drawn on the rank's GPU)
+    model.config.use_cache = False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    seq = 64 if shape == "tiny" else SEQ
+    x = torch.randint(0, model.config.vocab_size, (BATCH, seq),
+                      generator=torch.Generator().manual_seed(1 + dist.get_rank())).to(device)
+
+    def loss_fn(m):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            return m(input_ids=x, labels=x).loss
+    return model, x, loss_fn
+
+
+def rank_main(variant: str, shape: str, out: str) -> None:
+    """One rank of `variant` (under torchrun); rank 0 writes `out`."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    cuda = torch.cuda.is_available() and os.environ.get("FSDP_OFFLOAD_CPU") != "1"
+    if cuda:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        device = torch.device("cuda", torch.cuda.current_device())
+        dist.init_process_group("cuda:nccl,cpu:gloo", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    gpu = method.ProcessGpuMemory(device=device.index or 0) if cuda else None
+    if gpu is not None:
+        gpu.__enter__()
+    model, x, loss_fn = build(shape, device)
+    options = {}
+    if variant.startswith("fsdp2_cpu_offload"):
+        options["offload_policy"] = CPUOffloadPolicy(pin_memory=cuda)
+    if "_bf16" in variant:
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                    reduce_dtype=torch.float32)
+    if variant == "fsdp2_resident":
+        model.to(device)
+    for layer in model.model.layers:
+        fully_shard(layer, **options)
+    fully_shard(model, **options)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
+    if variant.endswith("_uvm_steps"):
+        import torch_uvm.fsdp
+        torch_uvm.fsdp.step_in_backward(model, optimizer)
+    losses, times = [], []
+    for _ in range(STEPS):
+        if cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        loss = loss_fn(model)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        times.append(time.perf_counter() - t0)
+    if gpu is not None:
+        gpu.__exit__(None, None, None)
+    import offload_llama
+    mine = {"rank": dist.get_rank(), "losses": losses, "times_s": times,
+            "process_gpu_memory": gpu.result() if gpu is not None else None,
+            "host_peak_bytes": offload_llama.host_peak_bytes()}
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, mine)
+    if dist.get_rank() == 0:
+        steady = sorted(max(r["times_s"][i] for r in ranks) for i in range(1, STEPS))
+        weights = sum(p.numel() for p in model.parameters()) * 4
+        with open(out, "w") as f:
+            json.dump({"variant": variant, "world": dist.get_world_size(), "ranks": ranks,
+                       "s_per_step": steady[len(steady) // 2], "weights_bytes": weights,
+                       "tokens_per_step_per_rank": x.numel()}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def launch(variant: str, gpus: int, shape: str, cpu: bool, folder: str,
+           timeout: int) -> dict:
+    """One torchrun launch of `variant`: rank 0's result, or None."""
+    out = os.path.join(folder, f"{variant}-{time.time_ns()}.json")
+    env = dict(os.environ, FSDP_OFFLOAD_CPU="1" if cpu else "0",
+               NCCL_NVLS_ENABLE="0")       # (the device README: NVLink multicast off)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={gpus}", os.path.abspath(__file__), "--rank-of", variant,
+           "--shape", shape, "--result", out]
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"    {variant}: TIMED OUT after {timeout} s", flush=True)
+        return None
+    if p.returncode != 0 or not os.path.exists(out):
+        print(f"    {variant}: FAILED\n{p.stdout[-1500:]}\n{p.stderr[-3000:]}", flush=True)
+        return None
+    with open(out) as f:
+        r = json.load(f)
+    print(f"    {variant}: {r['s_per_step']:.3f} s a step ({time.time() - t0:.0f} s)", flush=True)
+    return r
+
+
+def report(runs: dict, rates: list, gpus: int, out: str) -> dict:
+    """The table, and fsdp_offload.json and .png in `out`."""
+    ok = next((r for rs in runs.values() for r in rs if r), None)
+    h2d = method.summarize([r["h2d_gbps"] for r in rates if r and "h2d_gbps" in r])
+    d2h = method.summarize([r["d2h_gbps"] for r in rates if r and "d2h_gbps" in r])
+    adamw = method.summarize([r["host_adamw_elements_per_s"] for r in rates
+                              if r and "host_adamw_elements_per_s" in r])
+    link = host = None
+    if ok and h2d and d2h:
+        link = ok["weights_bytes"] / gpus / (min(h2d["median"], d2h["median"]) * 1e9)
+    if ok and adamw:
+        host = ok["weights_bytes"] / 4 / adamw["median"]
+    print(f"\n{gpus} ranks; per-GPU link limit "
+          f"{'—' if link is None else f'{link:.3f} s'}, the host's AdamW of every shard "
+          f"{'—' if host is None else f'{host:.3f} s'} a step")
+    print("| variant | tokens/s per GPU (median, min–max) | s a step | x the larger limit | "
+          "process GPU memory per rank | host peak, all ranks | same losses as |")
+    print("|---|---|---|---|---|---|---|")
+    table = {}
+    for v, rs in runs.items():
+        done = [r for r in rs if r]
+        if not done:
+            print(f"| {v} | failed | | | | | |")
+            continue
+        tps = method.summarize([r["tokens_per_step_per_rank"] / r["s_per_step"] for r in done])
+        secs = method.summarize([r["s_per_step"] for r in done])
+        least = max(x for x in (link, host) if x is not None) if (link or host) else None
+        peaks = [rank["process_gpu_memory"]["peak_bytes"] for r in done for rank in r["ranks"]
+                 if rank["process_gpu_memory"]]
+        host_peak = max(sum(rank["host_peak_bytes"] for rank in r["ranks"]) for r in done)
+        twin = TWINS.get(v)
+        same = None
+        if twin and any(runs.get(twin, [])):
+            theirs = next(r for r in runs[twin] if r)
+            same = [rank["losses"] for rank in done[-1]["ranks"]] == \
+                [rank["losses"] for rank in theirs["ranks"]]
+        x = secs["median"] / least if least else None
+        table[v] = {"tokens_per_s_per_gpu": tps, "s_per_step": secs, "x_larger_limit": x,
+                    "process_gpu_peak_bytes": max(peaks) if peaks else None,
+                    "host_peak_bytes": host_peak, "same_losses_as_twin": same}
+        x_cell = "—" if x is None else f"{x:.2f}"
+        gpu_cell = f"{method.gib_cell(max(peaks))} GiB" if peaks else "—"
+        same_cell = "—" if same is None else f"{twin}: {same}"
+        print(f"| {v} | {tps['median']:.0f} ({tps['min']:.0f}–{tps['max']:.0f}) | "
+              f"{secs['median']:.3f} | {x_cell} | {gpu_cell} | "
+              f"{method.gib_cell(host_peak)} GiB | {same_cell} |")
+    compared = {f"{v} / {t}, s a step": method.ratio(
+        [r and r["s_per_step"] for r in runs[v]], [r and r["s_per_step"] for r in runs[t]])
+        for v, t in TWINS.items() if v in runs and t in runs}
+    method.print_comparisons(compared)
+    os.makedirs(out, exist_ok=True)
+    method.write(os.path.join(out, "fsdp_offload.json"), compared, gpus=gpus, table=table,
+                 runs=runs, rates=rates, link_limit_s=link, host_adamw_s=host)
+    plt = method.pyplot()
+    if plt is not None and table:
+        names = list(table)
+        fig, ax = plt.subplots(figsize=(8, 1 + 0.5 * len(names)))
+        ax.barh(names, [table[n]["tokens_per_s_per_gpu"]["median"] for n in names])
+        ax.set_xlabel(f"tokens/s per GPU, {gpus} ranks (higher is better)")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "fsdp_offload.png"))
+    return compared
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=2, help="ranks (GPUs, or CPU ranks with --cpu)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--shape", default="3b", choices=["tiny", "3b", "7b"])
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"among {VARIANTS + EXTRA}")
+    ap.add_argument("--cpu", action="store_true", help="gloo ranks on the CPU (a smoke run)")
+    ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--rank-of", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.rank_of:
+        rank_main(args.rank_of, args.shape, args.result)
+        return
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS + EXTRA]
+    if unknown:
+        ap.error(f"unknown variants {unknown}; known: {VARIANTS + EXTRA}")
+    folder = os.path.join(args.out, "fsdp_offload_runs")
+    os.makedirs(folder, exist_ok=True)
+    rates, runs = [], {v: [] for v in variants}
+    t0 = time.time()
+    for r in range(args.rounds):      # the order rotated a place each round
+        print(f"round {r + 1}/{args.rounds}", flush=True)
+        rates.append(None if args.cpu else {**method.pinned_rate(), **method.host_adamw_rate()})
+        for v in variants[r % len(variants):] + variants[:r % len(variants)]:
+            runs[v].append(launch(v, args.gpus, args.shape, args.cpu, folder, args.timeout))
+        report(runs, rates, args.gpus, args.out)     # (a run cut short keeps its rounds)
+    print(f"{len(variants)} variants x {args.rounds} rounds in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

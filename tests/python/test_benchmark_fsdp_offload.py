@@ -1,0 +1,36 @@
+"""benchmarks/fsdp_offload.py on two gloo CPU ranks with the tiny Llama: each
+variant launches through torchrun, the table and JSON come out, and
+torch_uvm's host steps give FSDP2's own losses on every rank (no GPU)."""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+import fsdp_offload  # noqa: E402
+
+
+def test_the_offload_benchmark_runs_two_cpu_ranks_and_checks_the_twins(tmp_path, capsys):
+    fsdp_offload.main(["--gpus", "2", "--cpu", "--shape", "tiny", "--rounds", "1",
+                       "--variants", "fsdp2_cpu_offload,fsdp2_cpu_offload_uvm_steps",
+                       "--out", str(tmp_path)])
+    saved = json.load(open(tmp_path / "fsdp_offload.json"))
+    table = saved["table"]
+    assert set(table) == {"fsdp2_cpu_offload", "fsdp2_cpu_offload_uvm_steps"}
+    assert table["fsdp2_cpu_offload_uvm_steps"]["same_losses_as_twin"] is True
+    run = saved["runs"]["fsdp2_cpu_offload"][0]
+    assert run["world"] == 2 and [r["rank"] for r in run["ranks"]] == [0, 1]
+    assert "fsdp2_cpu_offload_uvm_steps / fsdp2_cpu_offload, s a step" in saved["comparisons"]
+    assert "| fsdp2_cpu_offload_uvm_steps |" in capsys.readouterr().out
+
+
+def test_a_twin_whose_losses_differ_is_reported_so(tmp_path):
+    def run(losses):
+        return {"world": 1, "s_per_step": 1.0, "weights_bytes": 1 << 30,
+                "tokens_per_step_per_rank": 4096,
+                "ranks": [{"rank": 0, "losses": losses, "process_gpu_memory": None,
+                           "host_peak_bytes": 1 << 30}]}
+    runs = {"fsdp2_cpu_offload": [run([2.0, 1.5])],
+            "fsdp2_cpu_offload_uvm_steps": [run([2.0, 1.25])]}
+    fsdp_offload.report(runs, [None], 1, str(tmp_path))
+    table = json.load(open(tmp_path / "fsdp_offload.json"))["table"]
+    assert table["fsdp2_cpu_offload_uvm_steps"]["same_losses_as_twin"] is False
