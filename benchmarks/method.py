@@ -67,13 +67,19 @@ def interleaved(variants: List[str], rounds: int,
                 run: Callable[[str], Optional[dict]],
                 after_round: Optional[Callable[[dict, int], None]] = None
                 ) -> Dict[str, List[Optional[dict]]]:
-    """Runs A B C, A B C, ... `rounds` times; result[v][i] is round i's run of
-    v (None when it failed), so ratios pair runs of the same round.
-    `after_round(result so far, rounds done)` runs after each round."""
+    """Runs A B C, B C A, C A B, ... `rounds` times (the order rotated a
+    place each round, so a slow first run on a fresh machine lands on each
+    variant in turn; ALWAYS's variants, the rate and the reference, stay
+    first); result[v][i] is round i's run of v (None when it failed), so
+    ratios pair runs of the same round. `after_round(result so far, rounds
+    done)` runs after each round."""
     out: Dict[str, List[Optional[dict]]] = {v: [] for v in variants}
+    first = [v for v in variants if v.split("/")[-1] in ALWAYS]
+    rest = [v for v in variants if v not in first]
     for r in range(rounds):
         print(f"round {r + 1}/{rounds}", flush=True)
-        for v in variants:
+        k = r % len(rest) if rest else 0
+        for v in first + rest[k:] + rest[:k]:
             out[v].append(run(v))
         if after_round is not None:
             after_round(out, r + 1)

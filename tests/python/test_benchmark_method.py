@@ -26,10 +26,13 @@ def test_ratios_pair_runs_of_the_same_round():
     assert method.summarize([4.0, 1.0]) == {"median": 2.5, "min": 1.0, "max": 4.0, "n": 2}
 
 
-def test_interleaving_runs_every_variant_once_per_round():
+def test_interleaving_runs_every_variant_once_per_round_the_order_rotated():
     order = []
-    runs = method.interleaved(["a", "b"], 3, lambda v: order.append(v) or {"v": v})
-    assert order == ["a", "b"] * 3 and len(runs["a"]) == 3
+    runs = method.interleaved(["pinned_rate", "a", "b", "c"], 3,
+                              lambda v: order.append(v) or {"v": v})
+    assert order == ["pinned_rate", "a", "b", "c", "pinned_rate", "b", "c", "a",
+                     "pinned_rate", "c", "a", "b"]
+    assert len(runs["a"]) == 3 and runs["b"][1] == {"v": "b"}
 
 
 def write(path, comparisons):
@@ -114,9 +117,10 @@ def test_run_interleaves_rounds_and_reports_paired_ratios(tmp_path, monkeypatch,
     monkeypatch.setattr(sys, "argv", ["run.py", "--only", "alloc,train,moves_to_gpu,moves_to_cpu",
                                       "--rounds", "5", "--out", str(tmp_path)])
     run.main()
-    # A B, A B, ...: every round runs every variant once, in order.
+    # A B, B A, ...: every round runs every variant once, the order rotated.
     per_round = len(calls) // 5
-    assert calls[:per_round] == calls[per_round:2 * per_round] and len(calls) == 5 * per_round
+    assert sorted(calls[:per_round]) == sorted(calls[per_round:2 * per_round])
+    assert calls[:per_round] != calls[per_round:2 * per_round] and len(calls) == 5 * per_round
     result = json.load(open(tmp_path / "results.json"))
     c = result["comparisons"]
     mlp = c["train mlp: torch_uvm / torch"]
