@@ -21,12 +21,19 @@ autocast, activation checkpointing), batch 4 x 1024 tokens on every rank.
 The per-GPU link limit: each rank's shard of the weights must come to its
 GPU at least once a step and its gradients' shard go home once, at the
 pinned rates measured in the same run, both ways at once:
-W / world / min(h2d, d2h). The host's AdamW steps every rank's shard on one
-host: W / 4 elements at the fused CPU AdamW's rate measured beside it.
-Prints a table and writes fsdp_offload.json and .png to --out."""
+W / world / min(h2d, d2h) (fp32 shards; a bf16 cast made on the host would
+halve it). The host's AdamW steps every rank's shard on one host: W / 4
+elements at the fused CPU AdamW's rate measured beside it, on all cores.
+Each rank gets its share of the cores (torchrun would give it one).
+The twins' losses are bit for bit only with deterministic kernels
+(OFFLOAD_DETERMINISTIC=1: eager attention too); otherwise the check says
+how far apart they are. Prints a table and writes
+fsdp_offload-<G>gpu-<shape>.json and .png to --out; --append adds rounds to
+that file's (one device call a round, say)."""
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -49,8 +56,10 @@ def build(shape: str, device):
     import torch
     import torch.distributed as dist
     import offload_llama
+    extra = {"attn_implementation": "eager"} if method.DETERMINISTIC else {}
     model = offload_llama.build(shape == "tiny", shape="7b" if shape == "tiny" else shape,
-                                dtype=torch.float32, fill=device.type)   # (drawn on the rank's GPU)
+                                dtype=torch.float32, fill=device.type,   # (drawn on the rank's GPU)
+                                **extra)
     model.config.use_cache = False
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -69,17 +78,18 @@ def rank_main(variant: str, shape: str, out: str) -> None:
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    method.deterministic_kernels()
     cuda = torch.cuda.is_available() and os.environ.get("FSDP_OFFLOAD_CPU") != "1"
-    if cuda:
+    gpu = None
+    if cuda:        # (measured from before NCCL starts: its buffers are the process's)
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         device = torch.device("cuda", torch.cuda.current_device())
+        gpu = method.ProcessGpuMemory(device=device.index)
+        gpu.__enter__()
         dist.init_process_group("cuda:nccl,cpu:gloo", device_id=device)
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
-    gpu = method.ProcessGpuMemory(device=device.index or 0) if cuda else None
-    if gpu is not None:
-        gpu.__enter__()
     model, x, loss_fn = build(shape, device)
     options = {}
     if variant.startswith("fsdp2_cpu_offload"):
@@ -112,6 +122,7 @@ def rank_main(variant: str, shape: str, out: str) -> None:
         gpu.__exit__(None, None, None)
     import offload_llama
     mine = {"rank": dist.get_rank(), "losses": losses, "times_s": times,
+            "threads": torch.get_num_threads(),
             "process_gpu_memory": gpu.result() if gpu is not None else None,
             "host_peak_bytes": offload_llama.host_peak_bytes()}
     ranks = [None] * dist.get_world_size()
@@ -122,7 +133,9 @@ def rank_main(variant: str, shape: str, out: str) -> None:
         with open(out, "w") as f:
             json.dump({"variant": variant, "world": dist.get_world_size(), "ranks": ranks,
                        "s_per_step": steady[len(steady) // 2], "weights_bytes": weights,
-                       "tokens_per_step_per_rank": x.numel()}, f)
+                       "tokens_per_step_per_rank": x.numel(), "shape": shape,
+                       "batch": x.shape[0], "seq": x.shape[1], "steps": STEPS,
+                       "deterministic": method.DETERMINISTIC}, f)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -132,18 +145,33 @@ def launch(variant: str, gpus: int, shape: str, cpu: bool, folder: str,
     """One torchrun launch of `variant`: rank 0's result, or None."""
     out = os.path.join(folder, f"{variant}-{time.time_ns()}.json")
     env = dict(os.environ, FSDP_OFFLOAD_CPU="1" if cpu else "0",
-               NCCL_NVLS_ENABLE="0")       # (the device README: NVLink multicast off)
+               NCCL_NVLS_ENABLE="0",       # (the device README: NVLink multicast off)
+               # each rank its share of the cores (torchrun's default is one)
+               OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // gpus)))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={gpus}", os.path.abspath(__file__), "--rank-of", variant,
            "--shape", shape, "--result", out]
     t0 = time.time()
+    # (a session of its own: a launch past its time is killed with its ranks)
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
     try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        stdout, stderr = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        print(f"    {variant}: TIMED OUT after {timeout} s", flush=True)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                p.communicate(timeout=10)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        print(f"    {variant}: TIMED OUT after {timeout} s (its ranks killed)", flush=True)
         return None
     if p.returncode != 0 or not os.path.exists(out):
-        print(f"    {variant}: FAILED\n{p.stdout[-1500:]}\n{p.stderr[-3000:]}", flush=True)
+        print(f"    {variant}: FAILED\n{stdout[-1500:]}\n{stderr[-3000:]}", flush=True)
         return None
     with open(out) as f:
         r = json.load(f)
@@ -151,8 +179,12 @@ def launch(variant: str, gpus: int, shape: str, cpu: bool, folder: str,
     return r
 
 
-def report(runs: dict, rates: list, gpus: int, out: str) -> dict:
-    """The table, and fsdp_offload.json and .png in `out`."""
+def stem(gpus: int, shape: str) -> str:
+    return f"fsdp_offload-{gpus}gpu-{shape}"
+
+
+def report(runs: dict, rates: list, gpus: int, out: str, shape: str = "3b") -> dict:
+    """The table, and its JSON and plot (stem()) in `out`."""
     ok = next((r for rs in runs.values() for r in rs if r), None)
     h2d = method.summarize([r["h2d_gbps"] for r in rates if r and "h2d_gbps" in r])
     d2h = method.summarize([r["d2h_gbps"] for r in rates if r and "d2h_gbps" in r])
@@ -183,7 +215,7 @@ def report(runs: dict, rates: list, gpus: int, out: str) -> dict:
         host_peak = max(sum(rank["host_peak_bytes"] for rank in r["ranks"]) for r in done)
         twin = TWINS.get(v)
         same = None
-        if twin and any(runs.get(twin, [])):
+        if twin and any(runs.get(twin, [])):   # (bit for bit with deterministic kernels)
             theirs = next(r for r in runs[twin] if r)
             same = [rank["losses"] for rank in done[-1]["ranks"]] == \
                 [rank["losses"] for rank in theirs["ranks"]]
@@ -202,8 +234,11 @@ def report(runs: dict, rates: list, gpus: int, out: str) -> dict:
         for v, t in TWINS.items() if v in runs and t in runs}
     method.print_comparisons(compared)
     os.makedirs(out, exist_ok=True)
-    method.write(os.path.join(out, "fsdp_offload.json"), compared, gpus=gpus, table=table,
-                 runs=runs, rates=rates, link_limit_s=link, host_adamw_s=host)
+    print("  (the link limit counts fp32 shards: for the _bf16 variants a cast made on the "
+          "host would halve it)")
+    method.write(os.path.join(out, stem(gpus, shape) + ".json"), compared, gpus=gpus,
+                 shape=shape, table=table, runs=runs, rates=rates, link_limit_s=link,
+                 host_adamw_s=host)
     plt = method.pyplot()
     if plt is not None and table:
         names = list(table)
@@ -211,7 +246,7 @@ def report(runs: dict, rates: list, gpus: int, out: str) -> dict:
         ax.barh(names, [table[n]["tokens_per_s_per_gpu"]["median"] for n in names])
         ax.set_xlabel(f"tokens/s per GPU, {gpus} ranks (higher is better)")
         fig.tight_layout()
-        fig.savefig(os.path.join(out, "fsdp_offload.png"))
+        fig.savefig(os.path.join(out, stem(gpus, shape) + ".png"))
     return compared
 
 
@@ -223,7 +258,9 @@ def main(argv=None):
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help=f"among {VARIANTS + EXTRA}")
     ap.add_argument("--cpu", action="store_true", help="gloo ranks on the CPU (a smoke run)")
-    ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--timeout", type=int, default=540, help="seconds a launch may take")
+    ap.add_argument("--append", action="store_true",
+                    help="add these rounds to those in --out's file for --gpus and --shape")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--rank-of", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -238,13 +275,19 @@ def main(argv=None):
     folder = os.path.join(args.out, "fsdp_offload_runs")
     os.makedirs(folder, exist_ok=True)
     rates, runs = [], {v: [] for v in variants}
-    t0 = time.time()
-    for r in range(args.rounds):      # the order rotated a place each round
-        print(f"round {r + 1}/{args.rounds}", flush=True)
+    saved = os.path.join(args.out, stem(args.gpus, args.shape) + ".json")
+    if args.append and os.path.exists(saved):      # the earlier rounds, paired as they ran
+        with open(saved) as f:
+            old = json.load(f)
+        rates = old["rates"]
+        runs = {v: old["runs"].get(v, [None] * len(rates)) for v in variants}
+    t0, before = time.time(), len(rates)
+    for r in range(before, before + args.rounds):   # the order rotated a place each round
+        print(f"round {r + 1}/{before + args.rounds}", flush=True)
         rates.append(None if args.cpu else {**method.pinned_rate(), **method.host_adamw_rate()})
         for v in variants[r % len(variants):] + variants[:r % len(variants)]:
             runs[v].append(launch(v, args.gpus, args.shape, args.cpu, folder, args.timeout))
-        report(runs, rates, args.gpus, args.out)     # (a run cut short keeps its rounds)
+        report(runs, rates, args.gpus, args.out, args.shape)   # (a run cut short keeps its rounds)
     print(f"{len(variants)} variants x {args.rounds} rounds in {time.time() - t0:.0f} s")
 
 

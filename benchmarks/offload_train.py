@@ -905,6 +905,13 @@ def main():
 
         def metric(v):
             return [r["s_per_step"] if r else None for r in runs[s].get(v, [])]
+
+        def against_fsdp2(v):     # FSDP2's offload, and in its fastest form where it ran
+            compared[f"({s}) {v} / FSDP2 CPUOffloadPolicy, s per step"] = method.ratio(
+                metric(v), metric("fsdp2_cpu_offload"))
+            if runs[s].get("fsdp2_cpu_offload_bf16"):
+                compared[f"({s}) {v} / FSDP2 CPUOffloadPolicy with MixedPrecisionPolicy, "
+                         f"s per step"] = method.ratio(metric(v), metric("fsdp2_cpu_offload_bf16"))
         for v in [v for v in runs[s] if v.startswith("torch_uvm")]:
             ran = next((r for r in reversed(runs[s][v]) if r), None)
             if own_budget(s, v, ran) != budget(s):   # its own budget: the ratios to its own limit
@@ -916,8 +923,7 @@ def main():
                 if own:
                     compared[f"({s}) {v}, s per step / its {HOST}"] = \
                         method.ratio(metric(v), [own] * args.rounds, target=1.5)
-                compared[f"({s}) {v} / FSDP2 CPUOffloadPolicy, s per step"] = method.ratio(
-                    metric(v), metric("fsdp2_cpu_offload"))
+                against_fsdp2(v)
                 continue
             if lim["least"]:
                 compared[f"({s}) {v}, s per step / link limit ({LEAST})"] = method.ratio(
@@ -945,8 +951,7 @@ def main():
                 compared[f"({s}) {v}, s per step / link limit {ON_GPU} "
                          f"(torch_uvm's placement)"] = method.ratio(
                     metric(v), lim["on_gpu_s"], target=2.0)
-            compared[f"({s}) {v} / FSDP2 CPUOffloadPolicy, s per step"] = method.ratio(
-                metric(v), metric("fsdp2_cpu_offload"))
+            against_fsdp2(v)
         for mine, fsdp in UVM_STEPS.items():     # the same arithmetic, stepped in backward
             if runs[s].get(mine) and runs[s].get(fsdp):
                 compared[f"({s}) {mine} / {fsdp}, s per step"] = \

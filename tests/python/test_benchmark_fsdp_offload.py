@@ -13,7 +13,7 @@ def test_the_offload_benchmark_runs_two_cpu_ranks_and_checks_the_twins(tmp_path,
     fsdp_offload.main(["--gpus", "2", "--cpu", "--shape", "tiny", "--rounds", "1",
                        "--variants", "fsdp2_cpu_offload,fsdp2_cpu_offload_uvm_steps",
                        "--out", str(tmp_path)])
-    saved = json.load(open(tmp_path / "fsdp_offload.json"))
+    saved = json.load(open(tmp_path / "fsdp_offload-2gpu-tiny.json"))
     table = saved["table"]
     assert set(table) == {"fsdp2_cpu_offload", "fsdp2_cpu_offload_uvm_steps"}
     assert table["fsdp2_cpu_offload_uvm_steps"]["same_losses_as_twin"] is True
@@ -21,6 +21,12 @@ def test_the_offload_benchmark_runs_two_cpu_ranks_and_checks_the_twins(tmp_path,
     assert run["world"] == 2 and [r["rank"] for r in run["ranks"]] == [0, 1]
     assert "fsdp2_cpu_offload_uvm_steps / fsdp2_cpu_offload, s a step" in saved["comparisons"]
     assert "| fsdp2_cpu_offload_uvm_steps |" in capsys.readouterr().out
+    assert run["shape"] == "tiny" and all(r["threads"] >= 1 for r in run["ranks"])
+    fsdp_offload.main(["--gpus", "2", "--cpu", "--shape", "tiny", "--rounds", "1", "--append",
+                       "--variants", "fsdp2_cpu_offload,fsdp2_cpu_offload_uvm_steps",
+                       "--out", str(tmp_path)])          # a second round, added
+    again = json.load(open(tmp_path / "fsdp_offload-2gpu-tiny.json"))
+    assert len(again["runs"]["fsdp2_cpu_offload"]) == 2 and len(again["rates"]) == 2
 
 
 def test_a_twin_whose_losses_differ_is_reported_so(tmp_path):
@@ -31,6 +37,6 @@ def test_a_twin_whose_losses_differ_is_reported_so(tmp_path):
                            "host_peak_bytes": 1 << 30}]}
     runs = {"fsdp2_cpu_offload": [run([2.0, 1.5])],
             "fsdp2_cpu_offload_uvm_steps": [run([2.0, 1.25])]}
-    fsdp_offload.report(runs, [None], 1, str(tmp_path))
-    table = json.load(open(tmp_path / "fsdp_offload.json"))["table"]
+    fsdp_offload.report(runs, [None], 1, str(tmp_path), "3b")
+    table = json.load(open(tmp_path / "fsdp_offload-1gpu-3b.json"))["table"]
     assert table["fsdp2_cpu_offload_uvm_steps"]["same_losses_as_twin"] is False
