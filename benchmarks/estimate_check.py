@@ -70,7 +70,9 @@ MISSES = {
         "of the 1 GiB is free beside the 8 resident units, so about 2.7 units "
         "behind plus the one being made: 3.7, as measured. Not yet in the "
         "estimate: it must also know when the backward's compute, not the "
-        "link, sets the pace (the 3B's rows, within 10%, do not lag so)"),
+        "link, sets the pace. Counted by the room alone, the lag brings the MLP "
+        "to 0.896 and takes the 3B at 4 GiB, whose compute sets its pace, to "
+        "1.125 (tried on 2026-11-29, not kept)"),
 }
 
 # name, config, estimate's arguments, (JSON, run path), where the GPU peak,
