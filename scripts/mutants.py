@@ -1,6 +1,7 @@
 """Break the code a test guards and check that the test fails.
 
-    python3 scripts/mutants.py [--jobs N] [--out DIR] [--core] [--list] [NAME ...]
+    python3 scripts/mutants.py [--jobs N] [--out DIR] [--core | --gpu-only | --cpu-only]
+                               [--list] [NAME ...]
 
 Each mutant below replaces one piece of the code, builds it and runs the
 tests that guard it, which must fail: a mutant they pass means a missing
@@ -949,6 +950,10 @@ MUTANTS = [
      "        k = r % len(rest) if rest else 0",
      "        k = 0",
      ["tests/python/test_benchmark_method.py::test_interleaving_runs_every_variant_once_per_round_the_order_rotated"]),
+    ("a mutant a GPU test kills is left to the CPU machine", "scripts/mutants.py",
+     "            os.path.basename(t.split(\"::\")[0]).startswith(\"test_gpu\") for t in self.tests))",
+     "            False for t in self.tests))",
+     ["tests/python/test_mutants.py::test_the_gpu_and_the_cpu_mutants_split_the_non_core_ones"]),
     ("trees.py makes no warm-up run before its rounds", "benchmarks/trees.py",
      "    for _ in range(args.warmup):",
      "    for _ in range(0):",
@@ -1084,6 +1089,13 @@ class Mutant:
     @property
     def gpu(self):
         return self.kind != "core"
+
+    @property
+    def needs_gpu(self) -> bool:
+        """Whether a GPU must run it: a C++ mutant of the extension (its
+        build and tests), or one a GPU test (test_gpu_*) must kill."""
+        return self.kind == "c++" or (self.kind == "python" and any(
+            os.path.basename(t.split("::")[0]).startswith("test_gpu") for t in self.tests))
 
     @property
     def slug(self):
@@ -1794,6 +1806,11 @@ def main(argv=None):
     parser.add_argument("names", nargs="*", help="substrings of mutant names (default: all)")
     parser.add_argument("--core", action="store_true",
                         help="only the host-runtime mutants (no GPU needed; needs the CMake build)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--gpu-only", action="store_true",
+                       help="only the mutants a GPU must run (C++ ones, and those a GPU test kills)")
+    where.add_argument("--cpu-only", action="store_true",
+                       help="only the Python mutants CPU tests kill (any machine with this build)")
     parser.add_argument("--list", action="store_true",
                         help="list the mutants and check that each text is in its file once")
     parser.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
@@ -1812,6 +1829,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     chosen = [Mutant(m) for m in MUTANTS if (not args.names or any(n in m[0] for n in args.names))
               and (not args.core or m[4][0].startswith("core:"))]
+    if args.gpu_only or args.cpu_only:
+        chosen = [m for m in chosen if m.kind != "core" and m.needs_gpu == args.gpu_only]
     if not chosen:
         parser.error("no mutant matches")
     if args.list:

@@ -32,6 +32,24 @@ def test_list_says_how_each_mutant_runs_and_checks_its_text(capsys):
     assert "every text is in its file once" in out
 
 
+def test_the_gpu_and_the_cpu_mutants_split_the_non_core_ones(capsys):
+    every = [mutants.Mutant(m) for m in mutants.MUTANTS]
+    gpu = [m.name for m in every if m.kind != "core" and m.needs_gpu]
+    cpu = [m.name for m in every if m.kind != "core" and not m.needs_gpu]
+    assert gpu and cpu and not set(gpu) & set(cpu)
+    assert len(gpu) + len(cpu) == sum(m.kind != "core" for m in every)
+    assert all(mutants.Mutant(m).needs_gpu for m in mutants.MUTANTS if m[1].startswith("csrc/torch"))
+    killed_by_a_gpu_test = [m[0] for m in mutants.MUTANTS if m[1].endswith(".py")
+                            and any(t.startswith("tests/python/test_gpu") for t in m[4])]
+    assert killed_by_a_gpu_test and set(killed_by_a_gpu_test) <= set(gpu)
+    assert mutants.main(["--list", "--gpu-only"]) == 0
+    listed = capsys.readouterr().out
+    assert all(n in listed for n in gpu) and not any(n in listed for n in cpu)
+    assert mutants.main(["--list", "--cpu-only"]) == 0
+    listed = capsys.readouterr().out
+    assert all(n in listed for n in cpu) and not any(n in listed for n in gpu)
+
+
 def _args(**kw):
     base = dict(jobs=2, test_slots=0, timeout=60, out=None, cmake_build=None, no_build=True,
                 tmp=None, keep=False)
