@@ -77,7 +77,7 @@ def rank_main(variant: str, shape: str, out: str) -> None:
     """One rank of `variant` (under torchrun); rank 0 writes `out`."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    import offload_train
     method.deterministic_kernels()
     cuda = torch.cuda.is_available() and os.environ.get("FSDP_OFFLOAD_CPU") != "1"
     gpu = None
@@ -91,17 +91,10 @@ def rank_main(variant: str, shape: str, out: str) -> None:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
     model, x, loss_fn = build(shape, device)
-    options = {}
-    if variant.startswith("fsdp2_cpu_offload"):
-        options["offload_policy"] = CPUOffloadPolicy(pin_memory=cuda)
-    if "_bf16" in variant:
-        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                                    reduce_dtype=torch.float32)
     if variant == "fsdp2_resident":
         model.to(device)
-    for layer in model.model.layers:
-        fully_shard(layer, **options)
-    fully_shard(model, **options)
+    offload_train.shard(model, offload=variant.startswith("fsdp2_cpu_offload"),
+                        bf16="_bf16" in variant, pin_memory=cuda)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
     if variant.endswith("_uvm_steps"):
         import torch_uvm.fsdp

@@ -275,20 +275,17 @@ def torchtune_single_device(model, lr):
     return model, InBackward()
 
 
-def fsdp2(model, bf16: bool = False):
-    """FSDP2 with CPUOffloadPolicy at world size 1; `bf16`: its
-    MixedPrecisionPolicy too (bf16 gathered and computed, fp32 reduced), the
-    fastest form for a bf16-autocast fine-tune (no fp32 casts cached)."""
+def shard(model, offload: bool = True, bf16: bool = False, pin_memory: bool = True):
+    """fully_shard on each block of `model` and on the root (the process
+    group made): with CPUOffloadPolicy where `offload`, and with `bf16`
+    FSDP2's MixedPrecisionPolicy too (bf16 gathered and computed, fp32
+    reduced), the fastest form for a bf16-autocast fine-tune (no fp32 casts
+    cached). fsdp_offload.py shards its ranks with it too."""
     import torch
-    import torch.distributed as dist
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    torch.cuda.set_device(0)
     blocks = (model.transformer.h if hasattr(model, "transformer")
               else model.model.layers if hasattr(model, "model") else list(model))
-    options = {"offload_policy": CPUOffloadPolicy()}
+    options = {"offload_policy": CPUOffloadPolicy(pin_memory=pin_memory)} if offload else {}
     if bf16:
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                     reduce_dtype=torch.float32)
@@ -296,6 +293,17 @@ def fsdp2(model, bf16: bool = False):
         fully_shard(block, **options)
     fully_shard(model, **options)
     return model
+
+
+def fsdp2(model, bf16: bool = False):
+    """FSDP2 with CPUOffloadPolicy at world size 1 (shard())."""
+    import torch
+    import torch.distributed as dist
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    torch.cuda.set_device(0)
+    return shard(model, bf16=bf16)
 
 
 def deepspeed_config(stage: int, budget: int, hidden: int, lr: float, bf16: bool = False) -> dict:
