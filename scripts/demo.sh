@@ -3,5 +3,5 @@
 # trained bit for bit as all on the GPU (examples/demo.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh >/dev/null
+bash scripts/setup.sh demo >/dev/null
 python3 examples/demo.py

@@ -755,7 +755,7 @@ MUTANTS = [
      "csrc/torch/stream_executor_memory.cpp",
      "    wait = wait || entries_[id].written_at_home || entries_[id].tensor->written_at_home();",
      "    wait = wait || entries_[id].tensor->written_at_home();",
-     [FORWARD_WRITES + "::test_a_buffer_written_in_its_home_is_brought_after_the_write"]),
+     [FORWARD_WRITES + "::test_a_buffer_the_first_forward_wrote_in_its_home_is_brought_after_the_write"]),
     ("undo leaves the streamed optimizer stepping the offload's parameters",
      "torch_uvm/offload.py",
      "        offload_training.hand_back(state, back, states)", "        pass",
@@ -800,10 +800,9 @@ MUTANTS = [
     ("a unit counts its gradients from its own backward's start only", "csrc/core/unit_lifecycle.cpp",
      "  if (u.expected == 0) frozen_running_.push_back(unit);\n",
      "  if (u.expected == 0) frozen_running_.push_back(unit);\n  u.seen = 0;\n",
-     ["core:UnitLifecycle.GradientsCountPerBackwardWhetherOrNotTheUnitsBackwardBegan",
-      LIFECYCLE + "::test_a_tied_weight_whose_owner_did_not_run_sends_its_gradient_home",
-      LIFECYCLE + "::test_a_gradient_that_comes_before_any_units_backward_goes_home",
-      LOOPS + "test_a_tied_weight_whose_owner_did_not_run_trains_as_all_resident"]),
+     # (the Python tests of tied weights and early gradients passed with it on
+     # the GPU, 2026-11-29: no result they check changes; the count's own test kills it)
+     ["core:UnitLifecycle.GradientsCountPerBackwardWhetherOrNotTheUnitsBackwardBegan"]),
     ("a nested backward's gradients add to the one it is inside", "csrc/core/unit_lifecycle.cpp",
      "    u.task = task;\n    u.seen = 0;\n", "    u.task = task;\n",
      ["core:UnitLifecycle.ANestedBackwardsGradientsCountApartFromTheOneItIsIn"]),
@@ -1007,6 +1006,20 @@ MUTANTS = [
      "        if batch <= self.plan.batch and seq <= self.plan.seq:",
      "        if True:",
      ["tests/python/test_gpu_memory.py::test_a_forward_beyond_the_plan_is_refused_before_it_runs_and_one_within_passes"]),
+    ("a forward beyond a traced plan's inputs runs unchecked", "torch_uvm/gpu_memory.py",
+     "        if over is None and task == self.plan.task:\n", "        if True:\n",
+     ["tests/python/test_gpu_memory.py::test_a_module_planned_from_its_inputs_passes_forwards_within_their_shapes_alone",
+      "tests/python/test_gpu_bound.py::test_a_module_with_no_config_stays_within_the_bound_its_inputs_plan"]),
+    ("a tensor larger in one dimension is within a traced plan", "torch_uvm/gpu_memory.py",
+     "any(a > b for a, b in zip(shape, top))", "False",
+     ["tests/python/test_gpu_memory.py::test_a_call_beyond_the_plan_is_named_dimension_by_dimension_in_no_wider_a_dtype"]),
+    ("a later forward's estimate traces the offloaded module itself", "torch_uvm/gpu_memory.py",
+     "                module, shapes = self.twin, dict(inputs=inputs)",
+     "                module, shapes = self.module, dict(inputs=inputs)",
+     ["tests/python/test_gpu_memory.py::test_a_module_planned_from_its_inputs_passes_forwards_within_their_shapes_alone"]),
+    ("a value a traced plan did not have passes it", "torch_uvm/gpu_memory.py",
+     "                if got != most:\n", "                if False:\n",
+     ["tests/python/test_gpu_memory.py::test_what_passes_a_traced_plan_in_any_argument_is_estimated_and_refused"]),
     ("a model offloaded for generation trains unchecked", "torch_uvm/gpu_memory.py",
      "        task = task_of(self.module) if torch.is_grad_enabled() else \"generate\"",
      "        task = self.plan.task if torch.is_grad_enabled() else \"generate\"",
@@ -1074,8 +1087,10 @@ KIND_ORDER = {"c++": 0, "python": 1, "core": 2}   # the longest first
 
 
 class Mutant:
-    def __init__(self, entry):
+    def __init__(self, entry, tests=None, suffix=""):
         self.name, self.path, self.text, self.replacement, self.tests = entry[:5]
+        self.name += suffix
+        self.tests = list(tests if tests is not None else self.tests)
         self.options = entry[5] if len(entry) > 5 else {}
         self.kind = ("core" if self.tests[0].startswith("core:") else
                      "python" if self.path.endswith((".py", ".md")) else "c++")
@@ -1100,6 +1115,22 @@ class Mutant:
     @property
     def slug(self):
         return "".join(c if c.isalnum() else "_" for c in self.name)[:60]
+
+
+def mutants_of(entry, core=None):
+    """The runs of one mutant. Its tests are GoogleTests of the host runtime
+    ("core:..."), pytest tests, or both; each kind runs in a build of its
+    own, so a mutant with both is two runs: its pytest tests against the
+    extension, and its GoogleTests against core_tests (named "... [core]").
+    `core`: True, the core runs alone; False, the others alone; None, both."""
+    core_tests = [t for t in entry[4] if t.startswith("core:")]
+    others = [t for t in entry[4] if not t.startswith("core:")]
+    runs = []
+    if others and core is not True:
+        runs.append(Mutant(entry, others))
+    if core_tests and core is not False:
+        runs.append(Mutant(entry, core_tests, " [core]" if others else ""))
+    return runs
 
 
 class Stopped(Exception):
@@ -1696,6 +1727,7 @@ class Runner:
                                      "&& cmake --build build")
             if not self.args.no_build:
                 self.build_tree(chosen)
+                self.temp_dir = setup_temp_dir(self.root)   # made now, on a fresh machine
             self.plan(chosen)
             t0 = time.time()
             files = self.snapshot(chosen)
@@ -1827,10 +1859,11 @@ def main(argv=None):
     parser.add_argument("--tmp", default=None, help="where the copies go (default: the temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep the copies")
     args = parser.parse_args(argv)
-    chosen = [Mutant(m) for m in MUTANTS if (not args.names or any(n in m[0] for n in args.names))
-              and (not args.core or m[4][0].startswith("core:"))]
+    core = True if args.core else False if (args.gpu_only or args.cpu_only) else None
+    chosen = [m for e in MUTANTS if not args.names or any(n in e[0] for n in args.names)
+              for m in mutants_of(e, core)]
     if args.gpu_only or args.cpu_only:
-        chosen = [m for m in chosen if m.kind != "core" and m.needs_gpu == args.gpu_only]
+        chosen = [m for m in chosen if m.needs_gpu == args.gpu_only]
     if not chosen:
         parser.error("no mutant matches")
     if args.list:

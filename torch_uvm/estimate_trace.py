@@ -9,6 +9,7 @@ the module itself is not touched (on the CPU, on the meta device, anywhere).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 
@@ -49,14 +50,55 @@ def _meta(t: torch.Tensor) -> torch.Tensor:
         if isinstance(t, torch.nn.Parameter) else m
 
 
+@dataclasses.dataclass
+class Call:
+    """A forward's arguments as one call passed them: inputs that are both
+    positional and keyword (the check of a later forward passes these)."""
+    args: tuple
+    kwargs: dict
+
+
+class TraceFailed(ValueError):
+    """The forward raised on the meta device (ValueError, naming why)."""
+
+
+def call_of(inputs) -> tuple:
+    """`inputs` (a tensor, a tuple of positional arguments, a dict of
+    keyword ones, or a Call) as a call's (args, kwargs)."""
+    if isinstance(inputs, Call):
+        return tuple(inputs.args), dict(inputs.kwargs)
+    if isinstance(inputs, dict):
+        return (), dict(inputs)
+    return (inputs if isinstance(inputs, tuple) else (inputs,)), {}
+
+
+def meta_twin(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `module` whose parameters and buffers are meta tensors of
+    their shapes (nothing else of it copied but its structure): what a
+    later trace runs, so that the module itself, offloaded and hooked by
+    then, runs nothing. TypeError or the like where it cannot be copied."""
+    memo = {}
+    for t in list(module.parameters()) + list(module.buffers()):
+        memo[id(t)] = _meta(t)
+    return copy.deepcopy(module, memo)
+
+
+def match_modes(twin: torch.nn.Module, module: torch.nn.Module) -> None:
+    """The twin in the module's train() or eval() now, submodule by
+    submodule, its parameters requiring grad as the module's do."""
+    for a, b in zip(twin.modules(), module.modules()):
+        a.training = b.training
+    for a, b in zip(twin.parameters(), module.parameters()):
+        a.requires_grad_(b.requires_grad)
+
+
 def trace(module: torch.nn.Module, inputs, training: bool) -> Traced:
-    """`inputs`: a tensor, a tuple of the forward's positional arguments, or
-    a dict of its keyword arguments (tensors of the shapes and dtypes a step
+    """`inputs`: a tensor, a tuple of the forward's positional arguments, a
+    dict of its keyword arguments, or a Call of both (tensors of the shapes and dtypes a step
     feeds it, on any device: only those are read). ValueError, naming the
     cause, for arguments the forward does not take, or a forward that cannot
     run on the meta device."""
-    args, kwargs = ((), dict(inputs)) if isinstance(inputs, dict) else \
-        (inputs if isinstance(inputs, tuple) else (inputs,), {})
+    args, kwargs = call_of(inputs)
     tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     if not tensors:
         raise ValueError(f"torch_uvm: estimate's inputs are the forward's arguments: a tensor, "
@@ -84,7 +126,7 @@ def trace(module: torch.nn.Module, inputs, training: bool) -> Traced:
                 torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None), largest:
             out = torch.func.functional_call(module, own, args, kwargs)
     except Exception as err:     # (whatever the forward raises on the meta device)
-        raise ValueError(f"torch_uvm: estimate could not run the module's forward on the meta "
+        raise TraceFailed(f"torch_uvm: estimate could not run the module's forward on the meta "
                          f"device to read its activations ({type(err).__name__}: "
                          f"{str(err).splitlines()[0] if str(err) else ''}); give the offload a "
                          f"budget= instead, from a measured run") from None

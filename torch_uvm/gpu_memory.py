@@ -18,20 +18,31 @@ larger batch or a longer sequence than planned (a generation's prompt and
 the tokens made so far) is estimated again, and refused when it would pass
 the bound.
 
+A module with no Hugging Face config (an MLP, a vision model) is planned
+from ``inputs``, its forward's arguments at the largest shapes it will run:
+estimate reads its activations from one forward on the meta device
+(estimate_trace.py). A later forward whose tensors are each within those
+shapes, dimension by dimension, passes; a larger one is estimated again
+from its own shapes, on the meta device, and refused if it would pass.
+
 The bound holds as far as the estimate does: decoder-only transformers
-with a Hugging Face config (docs/estimate.md gives its accuracy against
-every committed run). The task is read from the module when it is
+with a Hugging Face config, and modules traced from their inputs
+(docs/estimate.md gives its accuracy against every committed run, and
+where it misses). The task is read from the module when it is
 offloaded: in train() with every parameter requiring grad, a full
 fine-tune; with some, a LoRA fine-tune (the trainable ones measured); else
 generation. A forward without grad is checked as a generation."""
 from __future__ import annotations
 
+import inspect
 from typing import Dict, Optional, Tuple
 
 import torch
+from torch.utils._pytree import tree_leaves, tree_map
 
 from .activations import offload_activations
 from .estimate import WORDS, Estimate, estimate, size_text
+from .estimate_trace import Call, TraceFailed, call_of, match_modes, meta_twin
 from .sizes import card_bytes
 
 
@@ -67,6 +78,54 @@ def tokens_of(args, kwargs) -> Optional[Tuple[int, int]]:
     return batch, max(new + held, sized)
 
 
+def argument_shapes(forward, args, kwargs) -> Optional[Dict[str, tuple]]:
+    """A call's arguments by the names `forward` gives them, each as its
+    leaves in order: a tensor's (shape, dtype), any other value's
+    ("value", it) (its type's name where it cannot be hashed); None when
+    they do not bind."""
+    try:
+        bound = inspect.signature(forward).bind(*args, **kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()      # (a number left at its default is the plan's too)
+    return {name: tuple(_leaf(x) for x in tree_leaves(value) if x is not None)
+            for name, value in bound.arguments.items()}
+
+
+def _leaf(x) -> tuple:
+    if isinstance(x, torch.Tensor):
+        return tuple(x.shape), x.dtype
+    try:
+        hash(x)
+    except TypeError:
+        return "value", type(x).__name__
+    return "value", x
+
+
+def beyond(call: Dict[str, tuple], planned: Dict[str, tuple]) -> Optional[str]:
+    """None when each tensor of a call is at most the planned one in its
+    place, dimension by dimension, in a dtype no wider, and every other
+    value is the planned one (an argument that holds nothing, left out or
+    None, is within); else the first that is not, named."""
+    for name, leaves in call.items():
+        want = planned.get(name)
+        if not leaves:
+            continue
+        if want is None or len(leaves) != len(want):
+            return f"{name} (not as the planned inputs hold it)"
+        for got, most in zip(leaves, want):
+            if got[0] == "value" or most[0] == "value":
+                if got != most:
+                    return f"{name}: {got[1]!r}, planned {most[1]!r}"
+                continue
+            (shape, dtype), (top, top_dtype) = got, most
+            if len(shape) != len(top) or any(a > b for a, b in zip(shape, top)) or \
+                    dtype.itemsize > top_dtype.itemsize:
+                return (f"{name} {list(shape)} {str(dtype).replace('torch.', '')}, planned "
+                        f"{list(top)} {str(top_dtype).replace('torch.', '')}")
+    return None
+
+
 def _cache_tokens(past) -> Tuple[int, int]:
     """(the tokens a cache holds, where its shapes say so; the tokens its
     memory is sized for, a static cache's length, else 0)."""
@@ -96,8 +155,22 @@ class ProcessBound:
     the check of each forward against it."""
 
     def __init__(self, module: torch.nn.Module, limit: int, taken: int, plan: Estimate,
-                 options: dict):
+                 options: dict, inputs=None):
         self.module, self.limit, self.taken, self.plan = module, limit, taken, plan
+        # a traced plan's inputs, as meta tensors, and their shapes by argument
+        self.inputs = None if inputs is None else tree_map(
+            lambda t: torch.empty_like(t, device="meta") if isinstance(t, torch.Tensor) else t,
+            inputs)
+        self.planned = None if inputs is None else argument_shapes(module.forward,
+                                                                   *call_of(inputs))
+        # what a later forward's estimate traces: the module itself, offloaded
+        # and hooked by then, would run the offload's hooks and this check
+        self.twin, self._no_twin = None, None
+        if inputs is not None:
+            try:
+                self.twin = meta_twin(module)
+            except Exception as err:      # (something in it that cannot be copied)
+                self._no_twin = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         self.options = options     # estimate's arguments beside task, batch and seq
         self.margin = plan.gpu.get("margin", 0)   # kept free for the estimate's error
         self._fits: Dict[Tuple[str, int, int], Estimate] = {}
@@ -108,22 +181,34 @@ class ProcessBound:
 
     @classmethod
     def plan_for(cls, module: torch.nn.Module, gpu_memory, device: torch.device, batch,
-                 seq, ahead: int, units) -> "ProcessBound":
+                 seq, ahead: int, units, inputs=None) -> "ProcessBound":
         """The bound `gpu_memory` (sizes.card_bytes) for `module` running
-        `batch` sequences of `seq` tokens on `device`, or ValueError naming
-        what was wrong (before anything is pinned)."""
-        for name, v in (("batch", batch), ("seq", seq)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(
-                    f"torch_uvm: offload's gpu_memory sizes a step or a generation at the "
-                    f"largest batch and sequence (prompt and generated tokens) its forwards "
-                    f"will run: pass {name}= as a positive int, got {v!r}")
-        if not hasattr(getattr(module, "config", None), "to_dict"):
-            raise ValueError("torch_uvm: offload's gpu_memory sizes the activations from a "
-                             "Hugging Face model's config (module.config), and this module has "
-                             "none: pass budget= instead (torch_uvm.estimate(module, task=..., "
-                             "inputs=...) says what a budget takes, from one forward on the meta "
-                             "device)")
+        `batch` sequences of `seq` tokens on `device` (a Hugging Face
+        model), or its forward on `inputs` (any other module), or
+        ValueError naming what was wrong (before anything is pinned)."""
+        hf = hasattr(getattr(module, "config", None), "to_dict")
+        if inputs is not None:
+            if hf:
+                raise ValueError("torch_uvm: offload's inputs= plan a module with no Hugging "
+                                 "Face config; this one has one (its KV cache, checkpointing and "
+                                 "attention come from it): pass batch= and seq= instead")
+            if batch is not None or seq is not None:
+                raise ValueError("torch_uvm: offload's inputs= give the forward's largest "
+                                 "shapes; batch= and seq= are for a Hugging Face model: pass "
+                                 "one or the other")
+        elif not hf:
+            raise ValueError("torch_uvm: offload's gpu_memory sizes the activations of a module "
+                             "with no Hugging Face config (module.config) from one forward on "
+                             "the meta device: pass inputs=, its forward's arguments at the "
+                             "largest shapes it will run (tensors on any device: only their "
+                             "shapes are read), or budget= instead")
+        else:
+            for name, v in (("batch", batch), ("seq", seq)):
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise ValueError(
+                        f"torch_uvm: offload's gpu_memory sizes a step or a generation at the "
+                        f"largest batch and sequence (prompt and generated tokens) its "
+                        f"forwards will run: pass {name}= as a positive int, got {v!r}")
         limit = card_bytes(gpu_memory, "gpu_memory", device)
         torch.cuda.synchronize(device)     # (what PyTorch's allocator caches unused is
         torch.cuda.empty_cache()           #  given back first: the estimate counts its own)
@@ -143,23 +228,30 @@ class ProcessBound:
                        # (a checkpointed layer's input is held by checkpoint itself,
                        # out of offload_activations' reach)
                        activations_home=False if checkpointing else "auto")
+        shapes = dict(inputs=inputs) if inputs is not None else dict(batch=batch, seq=seq)
         try:
-            plan = estimate(module, task=task, gpu_memory=limit, batch=batch, seq=seq, **options)
+            plan = estimate(module, task=task, gpu_memory=limit, **shapes, **options)
         except ValueError as err:    # (offload sends no checkpointed layer's input home)
             raise ValueError(str(err).replace(", or send activations home", "")) from None
         options["activations_home"] = plan.activations_home
-        return cls(module, limit, taken, plan, options)
+        return cls(module, limit, taken, plan, options, inputs)
 
     @property
     def budget(self) -> int:
         return self.plan.budget
 
-    def _estimate(self, task: str, batch: int, seq: int) -> Estimate:
-        key = (task, batch, seq)
+    def _estimate(self, task: str, batch: int, seq: int, inputs=None, key=None) -> Estimate:
+        key = (task, batch, seq) if key is None else (task, key)
         found = self._fits.get(key)
         if found is None:
-            found = estimate(self.module, task=task, budget=self.plan.budget, batch=batch,
-                             seq=seq, **self.options)
+            module = self.module
+            if inputs is not None:        # (the twin, in the module's modes now)
+                match_modes(self.twin, self.module)
+                module, shapes = self.twin, dict(inputs=inputs)
+            else:
+                shapes = dict(batch=batch, seq=seq)
+            found = estimate(module, task=task, budget=self.plan.budget, **shapes,
+                             **self.options)
             if len(self._fits) > 64:
                 self._fits.clear()
             self._fits[key] = found
@@ -168,32 +260,78 @@ class ProcessBound:
     def check(self, args, kwargs) -> None:
         """Before a forward of the module: refuse one that would pass the
         bound (ValueError, nothing of it run). Within the planned batch and
-        sequence, a forward of the planned task passes unestimated."""
-        shape = tokens_of(args, kwargs)
-        if shape is None:
-            return
-        batch, seq = shape
+        sequence (or inputs' shapes), a forward of the planned task passes
+        unestimated."""
         # (a training forward: the task the module is in now, which may not be
         # the plan's: a model offloaded in eval() and then trained)
         task = task_of(self.module) if torch.is_grad_enabled() else "generate"
-        if batch <= self.plan.batch and seq <= self.plan.seq:
-            if task == self.plan.task:
+        if self.planned is not None:
+            shapes = argument_shapes(self.module.forward, args, kwargs)
+            if shapes is None:
+                return        # (arguments the forward does not take: it raises itself)
+            over = beyond(shapes, self.planned)
+            try:
+                found = self._traced(task, args, kwargs, shapes, over)
+            except ValueError:
+                self._refused += 1     # (refused as below: its end ends nothing)
+                raise
+            if found is None:
                 return
-            if self._estimate(task, self.plan.batch, self.plan.seq).gpu_total + self.margin \
-                    <= self.limit:
-                return      # (the planned shape fits this task too: so does a smaller one)
-        found = self._estimate(task, batch, seq)   # (beyond the plan: once a shape)
+            what, planned, again = (
+                f"its inputs beyond the planned ones: {over}" if over else "its inputs",
+                "its inputs", "give smaller inputs, or undo() and offload again with the "
+                "inputs= it needs")
+        else:
+            shape = tokens_of(args, kwargs)
+            if shape is None:
+                return
+            batch, seq = shape
+            if batch <= self.plan.batch and seq <= self.plan.seq:
+                if task == self.plan.task:
+                    return
+                if self._estimate(task, self.plan.batch, self.plan.seq).gpu_total + \
+                        self.margin <= self.limit:
+                    return   # (the planned shape fits this task too: so does a smaller one)
+            found = self._estimate(task, batch, seq)   # (beyond the plan: once a shape)
+            what, planned, again = (
+                f"batch {batch} x {seq} tokens", f"batch {self.plan.batch} x {self.plan.seq}",
+                "lower the batch or the sequence, or undo() and offload again with the batch= "
+                "and seq= it needs")
         if found.gpu_total + self.margin > self.limit:
             self._refused += 1     # (its end is still called: it ends nothing)
             parts = ", ".join(f"{k} {size_text(v)}" for k, v in found.gpu.items())
             raise ValueError(
-                f"torch_uvm: this forward ({WORDS[task]}, batch {batch} x {seq} tokens) would "
-                f"take about {size_text(found.gpu_total + self.margin)} of GPU memory (a margin "
-                f"of {size_text(self.margin)} for the estimate's error in it), above the offload's "
-                f"gpu_memory of {size_text(self.limit)}, planned for batch {self.plan.batch} x "
-                f"{self.plan.seq} as a {WORDS[self.plan.task]} ({parts}). Nothing of it ran: "
-                f"lower the batch or the sequence, or undo() and offload again with the "
-                f"batch= and seq= it needs (in train() for training)")
+                f"torch_uvm: this forward ({WORDS[task]}, {what}) would take about "
+                f"{size_text(found.gpu_total + self.margin)} of GPU memory (a margin of "
+                f"{size_text(self.margin)} for the estimate's error in it), above the offload's "
+                f"gpu_memory of {size_text(self.limit)}, planned for {planned} as a "
+                f"{WORDS[self.plan.task]} ({parts}). Nothing of it ran: {again} (in train() for "
+                f"training)")
+
+    def _traced(self, task: str, args, kwargs, shapes, over) -> Optional[Estimate]:
+        """A traced plan's estimate of this call, or None when it passes:
+        within the planned inputs (`over` None) in the planned task, or in
+        another that the planned inputs fit too. Else the call is traced at
+        its own shapes, once a shape; one its trace fails on is left to the
+        forward (it raises its own error there)."""
+        if over is None and task == self.plan.task:
+            return None
+        if self.twin is None:
+            which = "beyond its planned inputs" if over else "of another task"
+            raise ValueError(
+                f"torch_uvm: this module could not be copied to the meta device ("
+                f"{self._no_twin}), so a forward {which} cannot be estimated against "
+                f"gpu_memory: offload it again with inputs= at the largest shapes it will run, "
+                f"in the mode it will run in")
+        if over is None:
+            found = self._estimate(task, 0, 0, inputs=self.inputs, key="planned")
+            if found.gpu_total + self.margin <= self.limit:
+                return None   # (the planned inputs fit this task too: so does a smaller call)
+        try:
+            return self._estimate(task, 0, 0, inputs=Call(tuple(args), dict(kwargs)),
+                                  key=tuple(shapes.items()))
+        except TraceFailed:
+            return None
 
     def begin_forward(self) -> None:
         """Saved activations go home from here to the outermost forward's

@@ -785,7 +785,7 @@ def _home_for(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 def offload(module: torch.nn.Module, budget: Union[int, str, None] = None, device=None,
             ahead: int = 1, mode: str = "auto", checkpoint=None, units=None,
             progress=None, gpu_memory=None, batch: Optional[int] = None,
-            seq: Optional[int] = None) -> Offloaded:
+            seq: Optional[int] = None, inputs=None) -> Offloaded:
     """Run `module` on `device` with at most `budget` bytes of its weights
     in GPU memory (an int, or a size such as ``"20GiB"``: sizes.py; a float
     in (0, 1]: that fraction of the device's residency limit, or of the
@@ -845,7 +845,10 @@ def offload(module: torch.nn.Module, budget: Union[int, str, None] = None, devic
     process may take (a size, a float: that fraction of the card, or
     "auto"), for a Hugging Face decoder-only model whose forwards run at
     most `batch` sequences of `seq` tokens (a generation's: the prompt's
-    and the generated). It measures what the process holds now and chooses
+    and the generated); for any other module, whose forwards run at most
+    the shapes of `inputs` (its forward's arguments: a tensor, a tuple, or
+    a dict by name; on any device: only their shapes are read). It
+    measures what the process holds now and chooses
     the largest budget within it, refuses (naming the least that fits and
     what takes it) before anything is pinned when none fits, and refuses
     any later forward that would pass it before it runs (gpu_memory.py).
@@ -864,9 +867,9 @@ def offload(module: torch.nn.Module, budget: Union[int, str, None] = None, devic
     if gpu_memory is not None and budget is not None:
         raise ValueError("torch_uvm: offload takes a budget or gpu_memory, not both: "
                          "gpu_memory chooses the budget within it")
-    if gpu_memory is None and (batch is not None or seq is not None):
-        raise ValueError("torch_uvm: offload's batch= and seq= size gpu_memory's plan; pass "
-                         "gpu_memory= with them (or neither)")
+    if gpu_memory is None and (batch is not None or seq is not None or inputs is not None):
+        raise ValueError("torch_uvm: offload's batch=, seq= and inputs= size gpu_memory's plan; "
+                         "pass gpu_memory= with them (or none of them)")
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("torch_uvm: cannot offload a module during a CUDA graph capture")
     device = cuda_device(device)
@@ -878,7 +881,8 @@ def offload(module: torch.nn.Module, budget: Union[int, str, None] = None, devic
                          f"to one device first")
     bound = None
     if gpu_memory is not None:
-        bound = ProcessBound.plan_for(module, gpu_memory, device, batch, seq, ahead, units)
+        bound = ProcessBound.plan_for(module, gpu_memory, device, batch, seq, ahead, units,
+                                      inputs)
         budget = bound.budget
     # (a fraction: of the GPU's residency limit, or of the managed memory cap)
     budget = bytes_or_fraction(budget, "budget",

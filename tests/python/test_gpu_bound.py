@@ -19,13 +19,13 @@ from torch_uvm.estimate import least_bound
 from offload_helpers import nothing_left_streamed  # noqa: F401 (autouse)
 
 pytestmark = gpu
-transformers = pytest.importorskip("transformers")
 
 
 def llama(dtype=torch.float32, attention="sdpa"):
     """An 8-layer Llama of hidden 1024. Training compared bit for bit with
     all-resident takes eager attention: SDPA's memory-efficient backward
     (its kernel for fp32) adds with atomics, so two runs of it differ."""
+    transformers = pytest.importorskip("transformers")    # (the MLP's test needs none)
     config = transformers.LlamaConfig(hidden_size=1024, intermediate_size=2816,
                                       num_hidden_layers=8, num_attention_heads=16,
                                       num_key_value_heads=16, vocab_size=32000,
@@ -222,3 +222,59 @@ def test_a_bound_too_small_and_a_forward_beyond_the_plan_change_nothing():
     assert torch.isfinite(out.float()).all()
     handle.undo()
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def mlp(width=2048, layers=8):
+    """A module with no Hugging Face config: 8 fp32 Linears of 16 MiB."""
+    torch.manual_seed(0)
+    blocks = []
+    for _ in range(layers):
+        blocks += [torch.nn.Linear(width, width), torch.nn.GELU()]
+    return torch.nn.Sequential(*blocks)
+
+
+def train_mlp(model, handle, x, steps=3):
+    """`steps` AdamW steps on a regression to a seeded target; the losses."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if handle is not None:
+        optimizer = handle.stream_optimizer(optimizer)
+    target = torch.randn(x.shape, generator=torch.Generator().manual_seed(3)).cuda()
+    losses = []
+    for _ in range(steps):
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def test_a_module_with_no_config_stays_within_the_bound_its_inputs_plan():
+    """offload(mlp, gpu_memory=..., inputs=x): planned from one forward on
+    the meta device at x's shapes, its budget a third of its weights so it
+    streams; the process stays within the bound while it trains, bit for
+    bit as all resident, and a forward on a larger batch is refused before
+    anything of it runs."""
+    x = torch.randn(512, 2048, generator=torch.Generator().manual_seed(1)).cuda()
+    resident = mlp().cuda()
+    losses = train_mlp(resident, None, x)
+    want = {n: p.detach().cpu() for n, p in resident.named_parameters()}
+    del resident
+    model = mlp().train()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    est = torch_uvm.estimate(model, task="full", budget=weights // 3, inputs=x, new_tokens=0,
+                             autocast=False, link_gbps=None, taken=held_now(),
+                             checkpointing=False)
+    bound = least_bound(est.gpu_total + SLACK)
+    handle = torch_uvm.offload(model, gpu_memory=bound, inputs=x)
+    assert handle.state.bound.plan.task == "full" and handle.state.bound.budget < weights
+    with ProcessPeak() as p:
+        got = train_mlp(model, handle, x)
+    p.report(bound)
+    big = torch.zeros(512 * 64, 2048, device="cuda")
+    with pytest.raises(ValueError, match=r"\(full fine-tune, these inputs\) would take .*"
+                                         r"Nothing of it ran"):
+        model(big)
+    handle.undo()
+    assert got == losses
+    assert all(torch.equal(p.detach().cpu(), want[n]) for n, p in model.named_parameters())

@@ -62,6 +62,16 @@ class Tally(torch.nn.Module):
         return x
 
 
+class Stall(torch.nn.Module):
+    """Queues a sleep on the current stream (about a tenth of a second): the
+    kernels after it run late, while the host goes on ahead. It holds no
+    tensor, so it is no unit of an offload."""
+
+    def forward(self, x):
+        torch.cuda._sleep(1 << 28)
+        return x
+
+
 def conv_bn_net(layers=10, width=64):
     torch.manual_seed(0)
     blocks = []
@@ -70,6 +80,13 @@ def conv_bn_net(layers=10, width=64):
                    torch.nn.ReLU()]
     return torch.nn.Sequential(Tally(), *blocks, LastMean(), Tally(), torch.nn.AdaptiveAvgPool2d(1),
                                torch.nn.Flatten(), torch.nn.Linear(width, 10))
+
+
+def tally_last_net(width=64):
+    """Two Linears (16,640 bytes each, no buffer), a Stall, and a Tally last."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Linear(width, width),
+                               Stall(), Tally())
 
 
 def total_bytes(model) -> int:
@@ -183,7 +200,10 @@ def test_a_buffer_written_in_its_home_is_brought_after_the_write(uvm):
     stream, the GPU behind the host (a sleep queued first). The training
     forward after it plans anew and brings the first units to stay, that
     Tally among them: the copy is made after the write, and the buffers,
-    weights and momenta equal all resident's."""
+    weights and momenta equal all resident's. (The re-plan first evicts the
+    inference plan's resident units, and each slot that leaves makes the
+    bring stream wait for the compute stream: StreamedTensor::leave. The
+    next test isolates the bring's own wait.)"""
     data = batches(steps=3, seed=5)
     make = lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
     reference = conv_bn_net().cuda()
@@ -209,3 +229,39 @@ def test_a_buffer_written_in_its_home_is_brought_after_the_write(uvm):
     torch.cuda.synchronize()
     assert "0" in [u.name for u in handle.resident_units()]   # the first units stay now
     assert_same(everything(model, pairs[1][1]), everything(reference, pairs[0][1]))
+
+
+def test_a_buffer_the_first_forward_wrote_in_its_home_is_brought_after_the_write(uvm):
+    """mode="in_place": the first forward (without grad) reads every unit in
+    place, and the Tally, last, adds to its buffer in its home on the compute
+    stream, after a sleep the Stall queued just before it. The plan at that
+    forward's end keeps the second Linear and the Tally and brings them: the
+    Tally's copy is made after its write, and outputs and buffers equal all
+    resident's, before undo() and after it (the second forward adds in the
+    slot, which then goes home).
+    Nothing but the Tally's bring orders that copy after the write: nothing
+    was on the GPU, so no slot leaves before the plan (a slot leaving makes
+    the bring stream wait for the compute stream); the Linear brought before
+    it has no buffer and nothing written; the Tally's buffer is written
+    through .data, so no version moves in its bring; and the offload's own
+    setup ran before the sleep. Without the mark its run in place leaves
+    (StreamExecutor::ran_at_home), the copy reads the home before the write
+    lands and the Tally loses its first input."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    data = [torch.randn(8, 64, device="cuda", generator=g) for _ in range(2)]
+    reference = tally_last_net().cuda()
+    model = tally_last_net()
+    # the suffix that fits: the second Linear and the Tally (the first
+    # Linear, 16,640 bytes, does not fit beside them)
+    handle = uvm.offload(model, budget=total_bytes(model) - 1024, mode="in_place")
+    outs = {}
+    for m in (reference, model):
+        torch.cuda.synchronize()      # the GPU idle: the Stall alone puts it behind
+        with torch.no_grad():
+            outs[m] = [m(x) for x in data]
+    torch.cuda.synchronize()
+    assert [u.name for u in handle.resident_units()] == ["1", "3"]
+    assert all(torch.equal(a, b) for a, b in zip(outs[model], outs[reference]))
+    assert_same(everything(model), everything(reference))
+    handle.undo()
+    assert_same(everything(model), everything(reference))

@@ -8,12 +8,10 @@ import pytest
 import torch
 
 from torch_uvm.estimate import estimate
-from torch_uvm.gpu_memory import ProcessBound, task_of, tokens_of
-
-transformers = pytest.importorskip("transformers")
-
+from torch_uvm.gpu_memory import ProcessBound, argument_shapes, beyond, task_of, tokens_of
 
 def tiny_llama(**extra):
+    transformers = pytest.importorskip("transformers")    # (the MLP's tests need none)
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2,
                                       vocab_size=128, **extra)
@@ -58,6 +56,7 @@ def test_the_task_is_read_from_the_module():
 
 
 def test_a_forwards_tokens_count_what_its_cache_holds():
+    transformers = pytest.importorskip("transformers")
     ids = torch.zeros(3, 7, dtype=torch.long)
     assert tokens_of((ids,), {}) == (3, 7)
     assert tokens_of((), {"input_ids": ids}) == (3, 7)
@@ -88,6 +87,7 @@ class CountedOnTheGpu:
 
 
 def test_a_static_cache_counts_its_length_without_reading_its_count():
+    transformers = pytest.importorskip("transformers")
     ids = torch.zeros(3, 1, dtype=torch.long)
     assert tokens_of((), {"input_ids": ids, "past_key_values": CountedOnTheGpu()}) == (3, 40)
     assert tokens_of((), {"input_ids": ids, "attention_mask": torch.ones(3, 6),
@@ -170,8 +170,13 @@ def test_what_gpu_memory_cannot_size_is_refused_before_the_card_is_read():
                               (2, True, "pass seq=")):
         with pytest.raises(ValueError, match=match):
             ProcessBound.plan_for(model, "8GiB", cpu, batch, seq, 1, None)
-    with pytest.raises(ValueError, match="Hugging Face model's config"):
-        ProcessBound.plan_for(torch.nn.Linear(4, 4), "8GiB", cpu, 1, 16, 1, None)
+    with pytest.raises(ValueError, match="no Hugging Face config .*: pass inputs="):
+        ProcessBound.plan_for(torch.nn.Linear(4, 4), "8GiB", cpu, None, None, 1, None)
+    x = torch.zeros(2, 4)
+    with pytest.raises(ValueError, match="this one has one .*: pass batch= and seq= instead"):
+        ProcessBound.plan_for(model, "8GiB", cpu, None, None, 1, None, inputs=x)
+    with pytest.raises(ValueError, match="pass one or the other"):
+        ProcessBound.plan_for(torch.nn.Linear(4, 4), "8GiB", cpu, 2, None, 1, None, inputs=x)
     with pytest.raises(ValueError, match="'auto'"):
         ProcessBound.plan_for(model, "eight gigs", cpu, 1, 16, 1, None)
 
@@ -183,6 +188,8 @@ def test_offload_refuses_a_budget_beside_gpu_memory_and_a_plan_without_it():
         torch_uvm.offload(model, budget="1GiB", gpu_memory="8GiB", batch=1, seq=16)
     with pytest.raises(ValueError, match="pass gpu_memory= with them"):
         torch_uvm.offload(model, budget="1GiB", seq=16)
+    with pytest.raises(ValueError, match="pass gpu_memory= with them"):
+        torch_uvm.offload(model, budget="1GiB", inputs=torch.zeros(1, 16, dtype=torch.long))
     assert getattr(model, "_torch_uvm_offloaded", None) is None
 
 
@@ -233,3 +240,116 @@ def test_a_refused_forward_inside_another_ends_nothing_and_undo_leaves_the_conte
     assert hooks(False) is None
     bound.end_forward()
     assert hooks(False) is None
+
+
+def mlp(width=256):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                               torch.nn.Linear(4 * width, width)).train()
+
+
+def traced_bound(model, inputs, limit=None):
+    """The bound offload(model, gpu_memory=limit, inputs=inputs) would make
+    (by default the least that holds a full fine-tune at `inputs`' shapes,
+    and 8 MiB), nothing held before, its check hooked on the module's
+    forward as offload hooks it (offload.hook_forward)."""
+    options = dict(checkpointing=False, ahead=1, units="submodules", autocast=False,
+                   new_tokens=0, link_gbps=None, taken=0, activations_home="auto")
+    if limit is None:
+        limit = estimate(model, task="full", inputs=inputs, **options).least_gpu + (8 << 20)
+    plan = estimate(model, task=task_of(model), gpu_memory=limit, inputs=inputs, **options)
+    options["activations_home"] = plan.activations_home
+    bound = ProcessBound(model, limit, 0, plan, options, inputs)
+    model.register_forward_pre_hook(lambda _m, args, kwargs: bound.check(args, kwargs),
+                                    with_kwargs=True)
+    return bound
+
+
+BEYOND = r"would take about .* Nothing of it ran: give smaller inputs"
+
+
+def test_a_module_planned_from_its_inputs_passes_forwards_within_their_shapes_alone():
+    """Within the planned inputs' shapes, dimension by dimension, a forward
+    passes, by position or by name; a larger one is traced again at its own
+    shapes, on a meta copy of the module (the module's own forward, hooked,
+    would check itself again), and refused, naming what passed the plan,
+    before anything of it runs."""
+    model = mlp()
+    x = torch.zeros(64, 256)
+    bound = traced_bound(model, x)
+    assert bound.planned == {"input": (((64, 256), torch.float32),)}
+    model(x)
+    model(x[:8])
+    model(input=x)
+    with pytest.raises(ValueError, match=r"\(full fine-tune, its inputs beyond the planned ones: "
+                                         r"input \[65536, 256\] float32, planned \[64, 256\] "
+                                         r"float32\) " + BEYOND):
+        model(torch.zeros(64 * 1024, 256))
+    with torch.no_grad():         # a generation at the planned shapes: estimated, it fits
+        model(x)
+    model.eval()                  # (the copy traced follows the module's modes)
+    with torch.no_grad():
+        model(x)
+
+
+def test_a_larger_forward_that_fits_is_traced_once_a_shape_and_runs(monkeypatch):
+    model = mlp()
+    x = torch.zeros(64, 256)
+    small = estimate(model, task="full", inputs=x, link_gbps=None, taken=0, autocast=False,
+                     checkpointing=False)
+    bound = traced_bound(model, torch.zeros(32, 256), small.least_gpu * 2)
+    from torch_uvm import gpu_memory
+    calls = []
+    real = gpu_memory.estimate
+    monkeypatch.setattr(gpu_memory, "estimate", lambda *a, **k: calls.append(k) or real(*a, **k))
+    model(x)
+    out = model(x)
+    assert out.shape == (64, 256) and len(calls) == 1
+    assert calls[0]["inputs"].args[0].shape == (64, 256)
+    assert bound.twin is not model and next(bound.twin.parameters()).is_meta
+
+
+class Wrapped(torch.nn.Module):
+    """Forwards as users write them: varargs, keywords, None, a number."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = mlp()
+
+    def forward(self, *xs, mask=None, repeat=1, **extra):
+        x = torch.cat(xs + tuple(extra.values()))
+        for _ in range(repeat):
+            x = self.inner(x)
+        return x if mask is None else x * mask
+
+
+def test_what_passes_a_traced_plan_in_any_argument_is_estimated_and_refused():
+    model = Wrapped().train()
+    x = torch.zeros(64, 256)
+    traced_bound(model, (x,))
+    big = torch.zeros(64 * 1024, 256)
+    model(x, mask=None)                                   # within: mask left out
+    with pytest.raises(ValueError, match=r"xs \[65536, 256\] float32, planned \[64, 256\]"):
+        model(big, mask=None)                             # positional and keyword, *args
+    with pytest.raises(ValueError, match=r"extra \(not as the planned inputs hold it\)"):
+        model(x, extra=big)                               # **kwargs
+    with pytest.raises(ValueError, match=r"repeat: 400, planned"):
+        model(x, repeat=400)                              # a number the plan did not have
+    with pytest.raises(ValueError, match=BEYOND):
+        model(big)
+
+
+def test_a_call_beyond_the_plan_is_named_dimension_by_dimension_in_no_wider_a_dtype():
+    f = lambda a, b=None, n=1: None    # noqa: E731
+    shapes = lambda *a, **k: argument_shapes(f, a, k)   # noqa: E731
+    planned = shapes(torch.zeros(8, 16), b=torch.zeros(4))
+    assert beyond(shapes(torch.zeros(8, 16)), planned) is None                    # b left out
+    assert beyond(shapes(torch.zeros(2, 16), torch.zeros(4)), planned) is None    # b by position
+    assert beyond(shapes(torch.zeros(2, 16), None), planned) is None              # b None
+    assert beyond(shapes(torch.zeros(2, 32)), planned) == "a [2, 32] float32, planned [8, 16] float32"
+    assert beyond(shapes(torch.zeros(8, 16, 1)), planned).startswith("a [8, 16, 1]")
+    assert beyond(shapes(torch.zeros(8, 16, dtype=torch.float64)), planned)
+    assert beyond(shapes(torch.zeros(8, 16, dtype=torch.bfloat16)), planned) is None
+    assert beyond(shapes(torch.zeros(8, 16), None, 2), planned) == "n: 2, planned 1"
+    assert beyond(shapes(torch.zeros(8, 16), torch.zeros(4)), shapes(torch.zeros(8, 16)))
+    assert argument_shapes(f, (1, 2, 3, 4), {}) is None                          # does not bind

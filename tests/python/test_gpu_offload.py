@@ -1203,7 +1203,9 @@ def test_a_gradient_read_right_after_it_went_home_is_the_gradient(uvm):
     after torch_uvm's (to copy it into its bucket), then writes the averaged
     one back. A gradient sent home points at its home at once: the compute
     stream must not read it before the copy there lands (issue 21: DDP over
-    offloaded replicas gave other losses than resident DDP)."""
+    offloaded replicas gave other losses than resident DDP). The copies
+    home queue behind a sleep on their stream (about a tenth of a second),
+    so a read that does not wait for them reads what the home held before."""
     torch.manual_seed(1)
     xs = [torch.randn(64, 1024, device="cuda") for _ in range(2)]
     reference = make_model(width=1024).cuda()
@@ -1216,12 +1218,19 @@ def test_a_gradient_read_right_after_it_went_home_is_the_gradient(uvm):
     handle = uvm.offload(model, budget=24 * MiB)
     optimizer = handle.stream_optimizer(torch.optim.SGD(model.parameters(), lr=0.0))
     read = {}
-    hooks = [p.register_post_accumulate_grad_hook(         # after torch_uvm's: as DDP's
-        lambda p, i=i: read.__setitem__(i, p.grad.clone())) for i, p in enumerate(model.parameters())]
+    # DDP's reducer hooks each parameter's gradient accumulator (a post hook
+    # of its AccumulateGrad node), after torch_uvm's own hook there: so do
+    # these (a post-accumulate-grad hook would run before torch_uvm's)
+    accumulators = [p.view_as(p).grad_fn.next_functions[0][0] for p in model.parameters()]
+    hooks = [a.register_hook(lambda *_, p=p, i=i: read.__setitem__(i, p.grad.clone()))
+             for i, (a, p) in enumerate(zip(accumulators, model.parameters()))]
     try:
         for x, grads in zip(xs, want):                    # the second: homes hold the first's
             read.clear()
-            model(x).square().mean().backward()
+            loss = model(x).square().mean()
+            with torch.cuda.stream(torch.cuda.ExternalStream(handle.executor.home_stream())):
+                torch.cuda._sleep(1 << 28)
+            loss.backward()
             torch.cuda.synchronize()
             assert sorted(read) == list(range(len(grads)))
             for i, g in enumerate(grads):

@@ -32,13 +32,30 @@ def test_list_says_how_each_mutant_runs_and_checks_its_text(capsys):
     assert "every text is in its file once" in out
 
 
+def test_a_mutant_with_googletests_and_pytest_tests_runs_each_in_its_own_build():
+    """Its pytest tests against the extension, its GoogleTests against
+    core_tests: pytest handed "core:..." stops with a usage error (rc 4)."""
+    mixed = [e for e in mutants.MUTANTS
+             if {t.startswith("core:") for t in e[4]} == {True, False}]
+    assert mixed
+    for e in mutants.MUTANTS:
+        runs = mutants.mutants_of(e)
+        assert sorted(t for m in runs for t in m.tests) == sorted(e[4])
+        for m in runs:
+            assert {t.startswith("core:") for t in m.tests} == {m.kind == "core"}
+        assert len({m.name for m in runs}) == len(runs)
+    e = mixed[0]
+    assert [m.kind for m in mutants.mutants_of(e, core=True)] == ["core"]
+    assert mutants.mutants_of(e, core=False)[0].kind != "core"
+
+
 def test_the_gpu_and_the_cpu_mutants_split_the_non_core_ones(capsys):
-    every = [mutants.Mutant(m) for m in mutants.MUTANTS]
+    every = [m for e in mutants.MUTANTS for m in mutants.mutants_of(e)]
     gpu = [m.name for m in every if m.kind != "core" and m.needs_gpu]
     cpu = [m.name for m in every if m.kind != "core" and not m.needs_gpu]
     assert gpu and cpu and not set(gpu) & set(cpu)
     assert len(gpu) + len(cpu) == sum(m.kind != "core" for m in every)
-    assert all(mutants.Mutant(m).needs_gpu for m in mutants.MUTANTS if m[1].startswith("csrc/torch"))
+    assert all(m.needs_gpu for m in every if m.path.startswith("csrc/torch"))
     killed_by_a_gpu_test = [m[0] for m in mutants.MUTANTS if m[1].endswith(".py")
                             and any(t.startswith("tests/python/test_gpu") for t in m[4])]
     assert killed_by_a_gpu_test and set(killed_by_a_gpu_test) <= set(gpu)
@@ -85,6 +102,34 @@ def test_a_run_patches_copies_only_and_says_what_each_mutant_did(tmp_path, capsy
                                        "mutant_gone.log", "mutant_only_skipped.log", "summary.md"]
     assert "return 2" in (out / "mutant_f_returns_2.log").read_text()
     assert not os.path.exists(runner.tmp)               # the copies are gone
+
+
+def test_a_fresh_tree_finds_the_objects_its_first_build_made(tmp_path, monkeypatch):
+    """On a fresh machine build/temp.* is made by the run's own build: the
+    C++ mutants' plan must find it then (it stopped with "no build/temp.*")."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=tree, check=True)
+    runner = mutants.Runner(str(tree), _args(no_build=False))
+    assert runner.temp_dir is None
+
+    def build(chosen):
+        made = tree / "build" / f"temp.linux-{sys.implementation.cache_tag}"
+        made.mkdir(parents=True)
+        (made / "build.ninja").write_text("")
+    planned = []
+
+    class Planned(Exception):
+        pass
+
+    def plan(chosen):
+        planned.append(runner.temp_dir)
+        raise Planned()
+    monkeypatch.setattr(runner, "build_tree", build)
+    monkeypatch.setattr(runner, "plan", plan)
+    with pytest.raises(Planned):
+        runner.run([mutants.Mutant(("m", "a.cpp", "x", "y", ["test_a.py::test_a"]))])
+    assert planned and planned[0] and planned[0].endswith(sys.implementation.cache_tag)
 
 
 def test_a_copy_without_git_leaves_what_gitignore_ignores(tmp_path):
