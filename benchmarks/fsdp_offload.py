@@ -93,8 +93,10 @@ def rank_main(variant: str, shape: str, out: str) -> None:
     model, x, loss_fn = build(shape, device)
     if variant == "fsdp2_resident":
         model.to(device)
+    from torch.distributed.device_mesh import init_device_mesh
     offload_train.shard(model, offload=variant.startswith("fsdp2_cpu_offload"),
-                        bf16="_bf16" in variant, pin_memory=cuda)
+                        bf16="_bf16" in variant, pin_memory=cuda,
+                        mesh=None if cuda else init_device_mesh("cpu", (dist.get_world_size(),)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
     if variant.endswith("_uvm_steps"):
         import torch_uvm.fsdp

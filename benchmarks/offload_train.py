@@ -275,17 +275,22 @@ def torchtune_single_device(model, lr):
     return model, InBackward()
 
 
-def shard(model, offload: bool = True, bf16: bool = False, pin_memory: bool = True):
+def shard(model, offload: bool = True, bf16: bool = False, pin_memory: bool = True,
+          mesh=None):
     """fully_shard on each block of `model` and on the root (the process
     group made): with CPUOffloadPolicy where `offload`, and with `bf16`
     FSDP2's MixedPrecisionPolicy too (bf16 gathered and computed, fp32
     reduced), the fastest form for a bf16-autocast fine-tune (no fp32 casts
-    cached). fsdp_offload.py shards its ranks with it too."""
+    cached). fsdp_offload.py shards its ranks with it too. `mesh`: FSDP2's
+    (default: a mesh of the GPUs where CUDA is, which ranks on the CPU must
+    not take: a machine with fewer GPUs than ranks refuses it)."""
     import torch
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
     blocks = (model.transformer.h if hasattr(model, "transformer")
               else model.model.layers if hasattr(model, "model") else list(model))
     options = {"offload_policy": CPUOffloadPolicy(pin_memory=pin_memory)} if offload else {}
+    if mesh is not None:
+        options["mesh"] = mesh
     if bf16:
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                     reduce_dtype=torch.float32)

@@ -108,12 +108,16 @@ def main():
         # FSDP2's CPUOffloadPolicy: shards, gradients and states in host memory,
         # PyTorch's fused CPU AdamW; _steps: each group stepped on torch_uvm's
         # worker in the backward (fsdp.step_in_backward)
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
         policy = CPUOffloadPolicy(pin_memory=device.type == "cuda")
+        # (ranks on the CPU name their mesh: FSDP2's default takes the GPUs
+        # where CUDA is, and a machine with fewer GPUs than ranks refuses it)
+        mesh = None if device.type == "cuda" else init_device_mesh("cpu", (world,))
         model.to(device)
         for block in model[0].layers:
-            fully_shard(block, offload_policy=policy)
-        fully_shard(model, offload_policy=policy)
+            fully_shard(block, offload_policy=policy, mesh=mesh)
+        fully_shard(model, offload_policy=policy, mesh=mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
         if args.mode.endswith("_steps"):
             import torch_uvm.fsdp

@@ -5,6 +5,9 @@ import json
 import os
 import sys
 
+import pytest
+
+pytest.importorskip("transformers")     # (the ranks build the tiny Llama)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 import fsdp_offload  # noqa: E402
 

@@ -272,9 +272,12 @@ def test_a_module_with_no_config_stays_within_the_bound_its_inputs_plan():
         got = train_mlp(model, handle, x)
     p.report(bound)
     big = torch.zeros(512 * 64, 2048, device="cuda")
-    with pytest.raises(ValueError, match=r"\(full fine-tune, these inputs\) would take .*"
-                                         r"Nothing of it ran"):
-        model(big)
     handle.undo()
     assert got == losses
     assert all(torch.equal(p.detach().cpu(), want[n]) for n, p in model.named_parameters())
+    handle = torch_uvm.offload(model, gpu_memory=bound, inputs=x)
+    with pytest.raises(ValueError, match=r"\(full fine-tune, its inputs beyond the planned ones: "
+                                         r"input \[32768, 2048\] float32, planned \[512, 2048\] "
+                                         r"float32\) would take .*Nothing of it ran"):
+        model(big)
+    handle.undo()
