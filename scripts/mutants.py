@@ -1114,7 +1114,12 @@ class Mutant:
 
     @property
     def slug(self):
-        return "".join(c if c.isalnum() else "_" for c in self.name)[:60]
+        """The log's name: the mutant's name cut to 60 characters, its
+        " [core]" kept."""
+        core = self.name.endswith(" [core]")
+        name = self.name[:-len(" [core]")] if core else self.name
+        slug = "".join(c if c.isalnum() else "_" for c in name)[:60 - 7 * core]
+        return slug + ("_core_" if core else "")
 
 
 def mutants_of(entry, core=None):
@@ -1123,6 +1128,7 @@ def mutants_of(entry, core=None):
     own, so a mutant with both is two runs: its pytest tests against the
     extension, and its GoogleTests against core_tests (named "... [core]").
     `core`: True, the core runs alone; False, the others alone; None, both."""
+    assert entry[4], f"mutant {entry[0]!r} names no test"
     core_tests = [t for t in entry[4] if t.startswith("core:")]
     others = [t for t in entry[4] if not t.startswith("core:")]
     runs = []
@@ -1503,6 +1509,9 @@ class Runner:
         env = dict(os.environ)
         cxx = ninja_variable(os.path.join(self.temp_dir, "build.ninja"), "cxx") \
             if self.temp_dir else None
+        if cxx is None and "CXX" not in env and "CC" not in env and \
+                os.path.exists("/usr/bin/g++") and shutil.which("g++") != "/usr/bin/g++":
+            cxx = "/usr/bin/g++"      # (a fresh build: the system compiler, as setup.sh takes)
         if cxx and cxx != env.get("CXX", "c++"):
             print(f"building with CXX={cxx}, the compiler of {os.path.relpath(self.temp_dir, self.root)}")
             env["CXX"] = cxx
@@ -1728,6 +1737,7 @@ class Runner:
             if not self.args.no_build:
                 self.build_tree(chosen)
                 self.temp_dir = setup_temp_dir(self.root)   # made now, on a fresh machine
+                self.env = self._build_env()
             self.plan(chosen)
             t0 = time.time()
             files = self.snapshot(chosen)
@@ -1836,9 +1846,9 @@ def list_mutants(chosen, root):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="substrings of mutant names (default: all)")
-    parser.add_argument("--core", action="store_true",
-                        help="only the host-runtime mutants (no GPU needed; needs the CMake build)")
     where = parser.add_mutually_exclusive_group()
+    where.add_argument("--core", action="store_true",
+                       help="only the host-runtime mutants (no GPU needed; needs the CMake build)")
     where.add_argument("--gpu-only", action="store_true",
                        help="only the mutants a GPU must run (C++ ones, and those a GPU test kills)")
     where.add_argument("--cpu-only", action="store_true",

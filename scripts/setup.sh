@@ -9,7 +9,11 @@
 #                                 (a GPU machine without network has them all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-demo=0; [ "${1:-}" = demo ] && demo=1
+case "${1:-}" in
+  "") demo=0 ;;
+  demo) demo=1 ;;
+  *) echo "setup.sh: no such mode '$1' (none for everything the tests need, or demo)" >&2; exit 2 ;;
+esac
 need_apt=()
 if [ $demo = 1 ]; then      # (a compiler and ninja, from apt or not)
   command -v g++ >/dev/null || need_apt+=(g++)
@@ -39,10 +43,13 @@ fi
 # system compiler where there is one: an image's own g++ (the GPU machines'
 # /opt/gcc) may have libstdc++ headers newer than the libstdc++ torch loads,
 # and a module built with it crashes (scripts/gpu_session.sh does the same).
-if [ -x /usr/bin/g++ ] && [ -z "${CXX:-}" ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
+if [ -x /usr/bin/g++ ] && [ -z "${CXX:-}${CC:-}" ] && [ "$(command -v g++)" != /usr/bin/g++ ]; then
+  export CC=/usr/bin/gcc CXX=/usr/bin/g++
+  echo "setup: building with the system compiler, /usr/bin/g++ (not $(command -v g++))" >&2
+fi
 mkdir -p build
 if ! python3 setup.py build_ext --inplace > build/ext_build.log 2>&1; then
-  tail -n 60 build/ext_build.log
+  tail -n 60 build/ext_build.log >&2
   echo "setup: building the extension failed (full log: build/ext_build.log)" >&2
   exit 1
 fi

@@ -97,23 +97,25 @@ def main():
         dist.init_process_group("gloo")
     model, batches = model_and_batches(rank, device, args.steps)
     handle = None
+    # (ranks on the CPU name their mesh: FSDP2's default takes the GPUs
+    # where CUDA is, and a machine with fewer GPUs than ranks refuses it)
+    mesh = None
+    if args.mode.startswith("fsdp2") and device.type == "cpu":
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (world,))
     if args.mode == "fsdp2":
         from torch.distributed.fsdp import fully_shard
         model.to(device)
         for block in model[0].layers:
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     elif args.mode.startswith("fsdp2_offload"):
         # FSDP2's CPUOffloadPolicy: shards, gradients and states in host memory,
         # PyTorch's fused CPU AdamW; _steps: each group stepped on torch_uvm's
         # worker in the backward (fsdp.step_in_backward)
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
         policy = CPUOffloadPolicy(pin_memory=device.type == "cuda")
-        # (ranks on the CPU name their mesh: FSDP2's default takes the GPUs
-        # where CUDA is, and a machine with fewer GPUs than ranks refuses it)
-        mesh = None if device.type == "cuda" else init_device_mesh("cpu", (world,))
         model.to(device)
         for block in model[0].layers:
             fully_shard(block, offload_policy=policy, mesh=mesh)
