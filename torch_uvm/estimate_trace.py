@@ -72,6 +72,13 @@ def call_of(inputs) -> tuple:
     return (inputs if isinstance(inputs, tuple) else (inputs,)), {}
 
 
+def meta_inputs(inputs):
+    """`inputs` with each tensor a meta tensor of its shape and dtype (no
+    memory held, nothing read)."""
+    return tree_map(lambda t: torch.empty_like(t, device="meta")
+                    if isinstance(t, torch.Tensor) else t, inputs)
+
+
 def meta_twin(module: torch.nn.Module) -> torch.nn.Module:
     """A copy of `module` whose parameters and buffers are meta tensors of
     their shapes (nothing else of it copied but its structure): what a
@@ -108,8 +115,7 @@ def trace(module: torch.nn.Module, inputs, training: bool) -> Traced:
     except TypeError as err:
         raise ValueError(f"torch_uvm: estimate's inputs must be arguments "
                          f"{type(module).__name__}.forward takes ({err})") from None
-    args, kwargs = tree_map(lambda t: torch.empty_like(t, device="meta")
-                            if isinstance(t, torch.Tensor) else t, (args, kwargs))
+    args, kwargs = meta_inputs((args, kwargs))
     own = {name: _meta(t) for name, t in
            list(module.named_parameters()) + list(module.named_buffers())}
     ids = {id(t) for t in own.values()}

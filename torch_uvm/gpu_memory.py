@@ -38,11 +38,11 @@ import inspect
 from typing import Dict, Optional, Tuple
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_leaves
 
 from .activations import offload_activations
 from .estimate import WORDS, Estimate, estimate, size_text
-from .estimate_trace import Call, TraceFailed, call_of, match_modes, meta_twin
+from .estimate_trace import Call, TraceFailed, call_of, match_modes, meta_inputs, meta_twin
 from .sizes import card_bytes
 
 
@@ -158,9 +158,7 @@ class ProcessBound:
                  options: dict, inputs=None):
         self.module, self.limit, self.taken, self.plan = module, limit, taken, plan
         # a traced plan's inputs, as meta tensors, and their shapes by argument
-        self.inputs = None if inputs is None else tree_map(
-            lambda t: torch.empty_like(t, device="meta") if isinstance(t, torch.Tensor) else t,
-            inputs)
+        self.inputs = None if inputs is None else meta_inputs(inputs)
         self.planned = None if inputs is None else argument_shapes(module.forward,
                                                                    *call_of(inputs))
         # what a later forward's estimate traces: the module itself, offloaded
@@ -173,7 +171,7 @@ class ProcessBound:
                 self._no_twin = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         self.options = options     # estimate's arguments beside task, batch and seq
         self.margin = plan.gpu.get("margin", 0)   # kept free for the estimate's error
-        self._fits: Dict[Tuple[str, int, int], Estimate] = {}
+        self._fits: Dict[tuple, Estimate] = {}    # (task, shapes) to its estimate
         self._activations = offload_activations() if plan.activations_home else None
         self._entered = False
         self._depth = 0            # forwards of the module begun and not ended (nested ones)
@@ -240,16 +238,16 @@ class ProcessBound:
     def budget(self) -> int:
         return self.plan.budget
 
-    def _estimate(self, task: str, batch: int, seq: int, inputs=None, key=None) -> Estimate:
-        key = (task, batch, seq) if key is None else (task, key)
+    def _estimate(self, task: str, key, **shapes) -> Estimate:
+        """The estimate of `task` at `shapes` (batch= and seq=, or inputs=,
+        traced on the twin), once a `key`."""
+        key = (task, key)
         found = self._fits.get(key)
         if found is None:
             module = self.module
-            if inputs is not None:        # (the twin, in the module's modes now)
+            if "inputs" in shapes:        # (the twin, in the module's modes now)
                 match_modes(self.twin, self.module)
-                module, shapes = self.twin, dict(inputs=inputs)
-            else:
-                shapes = dict(batch=batch, seq=seq)
+                module = self.twin
             found = estimate(module, task=task, budget=self.plan.budget, **shapes,
                              **self.options)
             if len(self._fits) > 64:
@@ -289,10 +287,11 @@ class ProcessBound:
             if batch <= self.plan.batch and seq <= self.plan.seq:
                 if task == self.plan.task:
                     return
-                if self._estimate(task, self.plan.batch, self.plan.seq).gpu_total + \
-                        self.margin <= self.limit:
+                planned_shape = dict(batch=self.plan.batch, seq=self.plan.seq)
+                if self._estimate(task, tuple(planned_shape.values()), **planned_shape) \
+                        .gpu_total + self.margin <= self.limit:
                     return   # (the planned shape fits this task too: so does a smaller one)
-            found = self._estimate(task, batch, seq)   # (beyond the plan: once a shape)
+            found = self._estimate(task, (batch, seq), batch=batch, seq=seq)   # (once a shape)
             what, planned, again = (
                 f"batch {batch} x {seq} tokens", f"batch {self.plan.batch} x {self.plan.seq}",
                 "lower the batch or the sequence, or undo() and offload again with the batch= "
@@ -324,12 +323,12 @@ class ProcessBound:
                 f"gpu_memory: offload it again with inputs= at the largest shapes it will run, "
                 f"in the mode it will run in")
         if over is None:
-            found = self._estimate(task, 0, 0, inputs=self.inputs, key="planned")
+            found = self._estimate(task, "planned", inputs=self.inputs)
             if found.gpu_total + self.margin <= self.limit:
                 return None   # (the planned inputs fit this task too: so does a smaller call)
         try:
-            return self._estimate(task, 0, 0, inputs=Call(tuple(args), dict(kwargs)),
-                                  key=tuple(shapes.items()))
+            return self._estimate(task, tuple(shapes.items()),
+                                  inputs=Call(tuple(args), dict(kwargs)))
         except TraceFailed:
             return None
 
