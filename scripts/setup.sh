@@ -38,6 +38,10 @@ python3 -c "import scipy" 2>/dev/null || python3 -m pip install -q scipy        
 # where pip cannot get it, those tests skip.
 python3 -c "import lightning" 2>/dev/null || python3 -m pip install -q lightning \
   || echo "setup: lightning not installed: its strategy's tests skip"
+# Hugging Face models in the tests (the trainers' integrations, PEFT's names in
+# a checkpoint, the estimate of a model itself); where pip cannot get them, those skip.
+python3 -c "import transformers, peft" 2>/dev/null || python3 -m pip install -q transformers peft \
+  || echo "setup: transformers or peft not installed: their tests skip"
 fi
 # The native module (needs the CUDA headers; no GPU needed to build), with the
 # system compiler where there is one: an image's own g++ (the GPU machines'

@@ -13,9 +13,14 @@ each comes from):
 * **slots**: the budget (the arena is drawn whole), or the weights if less.
 * **gradients in flight** (training): one unit's gradients being made and
   one unit's going home, outside the arena (PyTorch's allocator makes them).
+* **gradients copying home** (a full fine-tune with ``host_step``, under a
+  budget): an eighth of the budget less the gradients in flight, beside
+  the slots (under ``gpu_memory``, stream_optimizer holds them to those).
 * **activations**: with activation checkpointing, each layer's input kept
   (``layers x batch x seq x hidden``, in the weights' dtype) and one layer's
-  working set recomputed; without it, every layer's working set. A layer's
+  working set recomputed; without it, every layer's working set, or, for a
+  Hugging Face model itself, what its forward saves, read on the meta
+  device (estimate_trace.decoder_trace). A layer's
   working set is Korthikanti et al.'s (2022) ``seq x batch x hidden x (34 +
   5 heads seq / hidden)`` bytes at 2 bytes an element (the ``seq`` term
   only for eager attention), scaled to the activations' element size.
@@ -56,7 +61,7 @@ import torch
 from .offload_state import window_bytes
 from .host_step import copies_share
 from .activations import DEFAULT_WINDOW as ACTIVATIONS_WINDOW
-from .estimate_trace import trace
+from .estimate_trace import decoder_trace, trace
 from .sizes import card_bytes, parse_bytes
 
 GiB = 1 << 30
@@ -338,7 +343,7 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
             raise ValueError(f"torch_uvm: estimate's {name} must be a positive int, got {v!r}")
     module = config if isinstance(config, torch.nn.Module) else None
     training = task != "generate"
-    traced = shape = None
+    traced = shape = decoder = None
     if inputs is not None and module is None:
         raise ValueError("torch_uvm: estimate's inputs run a module's forward; a config's "
                          "shapes come from batch= and seq=")
@@ -364,6 +369,8 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
             config = hf.to_dict()
             if eager_attention is None:
                 eager_attention = getattr(hf, "_attn_implementation", None) == "eager"
+            if training and not checkpointing:   # its own code's saved tensors, not a formula's
+                decoder = decoder_trace(module, batch, seq)
         if dtype is None:
             first = next((p for p in module.parameters() if p.is_floating_point()), None)
             dtype = str(first.dtype).replace("torch.", "") if first is not None else None
@@ -419,6 +426,11 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
             traced_parts(parts, home)
         else:
             formula_parts(parts, home)
+        if task == "full" and step_in_backward and host_step and bound is None:
+            # the host-stepped gradients on their way home, beside the slots (under
+            # gpu_memory, stream_optimizer holds them to the gradients in flight)
+            copying = min(int(copies_share() * b), streamed_in_training(weights, b, least))
+            parts["gradients copying home"] = max(0, copying - parts["gradients in flight"])
         parts["allocator's cache"] = int(CACHE_SHARE * (parts["activations"] + parts["logits"]))
         parts["workspaces"] = RUNTIME_BYTES
         if margin:
@@ -445,6 +457,8 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
         if training:
             parts["gradients in flight"] = 2 * largest_trainable
             saved = L * tokens * h * e if checkpointing else (L - 1) * layer
+            if decoder is not None:     # (the trace runs in the weights' dtype)
+                saved, layer = decoder.saved * act / e, max(layer, decoder.largest * act / e)
             if home:     # offload_activations: two windows on their way, a layer working
                 saved = min(saved, 2 * ACTIVATIONS_WINDOW)
             parts["activations"] = int(saved + layer)

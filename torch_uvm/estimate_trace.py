@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+from typing import Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -81,13 +82,34 @@ def meta_inputs(inputs):
 
 def meta_twin(module: torch.nn.Module) -> torch.nn.Module:
     """A copy of `module` whose parameters and buffers are meta tensors of
-    their shapes (nothing else of it copied but its structure): what a
-    later trace runs, so that the module itself, offloaded and hooked by
-    then, runs nothing. TypeError or the like where it cannot be copied."""
+    their shapes and which has no hooks (nothing else of it copied but its
+    structure): what a trace runs, so that the module itself, offloaded
+    and hooked by then, runs nothing. TypeError or the like where it
+    cannot be copied."""
     memo = {}
     for t in list(module.parameters()) + list(module.buffers()):
         memo[id(t)] = _meta(t)
+    for m in module.modules():   # (its hooks' dicts stand for empty ones: an offload's
+        for name, value in vars(m).items():   # hooks are neither copied nor run)
+            if "hooks" in name and isinstance(value, dict):
+                memo[id(value)] = type(value)()
     return copy.deepcopy(module, memo)
+
+
+def decoder_trace(module: torch.nn.Module, batch: int, seq: int) -> Optional[Traced]:
+    """What a Hugging Face decoder's training forward on `batch` x `seq`
+    token ids saves for backward, read on its meta twin (trace), or None
+    where it cannot be copied or its forward cannot run on the meta device."""
+    try:
+        twin = meta_twin(module)
+    except Exception:             # (something in it that cannot be copied)
+        return None
+    match_modes(twin, module)
+    twin.train()
+    try:
+        return trace(twin, {"input_ids": torch.zeros(batch, seq, dtype=torch.long)}, True)
+    except ValueError:            # (TraceFailed, or a forward that takes no input_ids)
+        return None
 
 
 def match_modes(twin: torch.nn.Module, module: torch.nn.Module) -> None:

@@ -238,6 +238,13 @@ class ProcessBound:
     def budget(self) -> int:
         return self.plan.budget
 
+    @property
+    def copies_room(self) -> int:
+        """The bytes of a host step's gradients that may be copying home at
+        once within the bound: the plan's gradients in flight are one
+        submodule's being made and one's going home."""
+        return self.plan.gpu.get("gradients in flight", 0) // 2
+
     def _estimate(self, task: str, key, **shapes) -> Estimate:
         """The estimate of `task` at `shapes` (batch= and seq=, or inputs=,
         traced on the twin), once a `key`."""

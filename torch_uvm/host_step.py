@@ -210,6 +210,7 @@ class HostSteps:
         self._lock = threading.Lock()
         self._executor = None                   # the executor whose homes they write
         self.copies_share = COPIES_AHEAD_SHARE  # copies_share(), read by stream_optimizer
+        self.copies_cap: Optional[int] = None   # under gpu_memory, set by stream_optimizer
         self._home_stream = self._side = None   # the executor's, and one for the worker's reads
         self._threads = 0               # threads(), read at the first step
         # what the host's steps took, and the caller's waits for them (stats())
@@ -266,7 +267,7 @@ class HostSteps:
         ready[0].record(self._home_stream)
         ready[1].record(torch.cuda.current_stream(self.device))
         if in_backward:
-            self._limit_copies(executor, int(self.copies_share * state.budget))
+            self._limit_copies(executor, self.copies_limit(state.budget))
         if self._worker is None:
             self._threads = threads()
             self._worker = concurrent.futures.ThreadPoolExecutor(
@@ -289,6 +290,14 @@ class HostSteps:
                 for p, *_ in mine:
                     p.grad = None
         return True
+
+    def copies_limit(self, budget: int) -> int:
+        """The bytes of gradients that may be copying home in backward before
+        it waits: copies_share of the `budget`, held within `copies_cap`
+        where an offload's gpu_memory set one (the gradients in flight its
+        plan counted: they sit beside the slots)."""
+        limit = int(self.copies_share * budget)
+        return limit if self.copies_cap is None else min(limit, self.copies_cap)
 
     def _limit_copies(self, executor, limit: int) -> None:
         """In backward the compute stream does not wait for the gradients'

@@ -362,6 +362,8 @@ class Offloaded:
         state.host_step = share or state.host_step
         if share:
             state.host_steps.copies_share = host_step_module.copies_share()   # (check() read it)
+            if state.bound is not None:    # (the copies sit beside the slots, in the bound)
+                state.host_steps.copies_cap = state.bound.copies_room
         if non_blocking and not state.host_steps.non_blocking:
             state.host_steps.non_blocking = True
             # a state_dict of the module, or of any part of it, reads the

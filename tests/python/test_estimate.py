@@ -296,14 +296,17 @@ def test_a_models_eager_attention_counts_its_probabilities():
     with torch.device("meta"):
         eager, sdpa = (transformers.LlamaForCausalLM(transformers.LlamaConfig(
             **kwargs, attn_implementation=a)).to(torch.bfloat16) for a in ("eager", "sdpa"))
-    common = dict(task="full", budget=1 << 22, batch=2, seq=8, checkpointing=False,
+    # (checkpointed: without it, a model's own forward is read, not the formula)
+    common = dict(task="full", budget=1 << 22, batch=2, seq=8, checkpointing=True,
                   link_gbps=None)
     layer = lambda extra: 2 * 8 * 256 * (34 + extra) * 2 / 2
-    assert estimate(eager, **common).gpu["activations"] == int(2 * layer(5 * 4 * 8 / 256))
-    assert estimate(sdpa, **common).gpu["activations"] == int(2 * layer(0))
-    assert estimate(TINY, **common).gpu["activations"] == int(2 * layer(0))
+    inputs = 2 * (2 * 8) * 256 * 2      # each of the 2 layers' input, bf16
+    assert estimate(eager, **common).gpu["activations"] == int(inputs + layer(5 * 4 * 8 / 256))
+    assert estimate(sdpa, **common).gpu["activations"] == int(inputs + layer(0))
+    # (a config's full fine-tune keeps its weights, and so the inputs, in fp32)
+    assert estimate(TINY, **common).gpu["activations"] == int(2 * inputs + layer(0))
     assert estimate(TINY, eager_attention=True, **common).gpu["activations"] == \
-        estimate(eager, **common).gpu["activations"]
+        int(2 * inputs + layer(5 * 4 * 8 / 256))
 
 
 @pytest.mark.parametrize("extra, what", [
@@ -319,6 +322,41 @@ def test_a_config_the_formulas_would_miscount_is_refused(extra, what):
         estimate({**TINY, **extra}, link_gbps=None)
     assert estimate({**TINY, "num_local_experts": 1}, link_gbps=None).weights == \
         estimate(TINY, link_gbps=None).weights
+
+
+def test_a_model_trained_without_checkpointing_is_estimated_from_its_own_forward():
+    """A Hugging Face model trained without checkpointing: what its own
+    forward saves for backward, read on its meta twin, not the formula
+    (GPT-2's forward saves about twice what the formula's layer counts: a
+    GPT-2 1.2B bounded by it took 19.62 of 19 GiB). Its hooks are not run,
+    nor is it touched. A model whose forward cannot run on the meta device
+    falls back to the formula."""
+    transformers = pytest.importorskip("transformers")
+    from torch_uvm.estimate_trace import trace
+    config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=32,
+                                     vocab_size=128)
+    model = transformers.GPT2LMHeadModel(config)      # fp32, on the CPU
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ran = []
+    model.register_forward_pre_hook(lambda *_: ran.append(1))
+    common = dict(task="full", budget=1 << 20, batch=2, seq=16, checkpointing=False,
+                  link_gbps=None)
+    read = trace(model, {"input_ids": torch.zeros(2, 16, dtype=torch.long)}, True)
+    assert ran == [1]        # (trace() runs the module's hooks: the estimate must not)
+    layer = 2 * 16 * 64 * 34 * 2 / 2        # the formula's layer under bf16 autocast
+    got = estimate(model, **common).gpu["activations"]
+    assert got == int(read.saved * 2 / 4 + max(layer, read.largest * 2 / 4))
+    assert got > int(layer + (2 - 1) * layer)        # more than the formula says
+    assert estimate(model, autocast=False, **common).gpu["activations"] == \
+        int(read.saved + max(layer * 2, read.largest))
+    assert ran == [1] and all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+    def refuse(*_):
+        raise RuntimeError("no meta device here")
+    fails = transformers.GPT2LMHeadModel(config)
+    fails.transformer.h[0].register_forward_pre_hook(refuse)   # (its twin keeps no hooks:
+    fails.transformer.h[0].forward = refuse                     #  a forward that fails)
+    assert estimate(fails, **common).gpu["activations"] == int(layer + (2 - 1) * layer)
 
 
 def test_a_host_step_gives_its_streamed_weights_gradient_homes():
@@ -343,6 +381,16 @@ def test_a_host_step_gives_its_streamed_weights_gradient_homes():
     for bad in (-0.1, 1.5, True, "1"):
         with pytest.raises(ValueError, match="host_step is a share from 0 to 1"):
             estimate(TINY, host_step=bad, **common)
+    # the gradients copying home sit beside the slots: an eighth of the budget,
+    # less the gradients in flight counted already; under gpu_memory,
+    # stream_optimizer holds them to those (HostSteps.copies_cap)
+    deep, big = dict(TINY, num_hidden_layers=64), dict(common, budget=64 << 20)
+    e = estimate(deep, host_step=1.0, **big)
+    assert e.gpu["gradients copying home"] == \
+        int(COPIES_AHEAD_SHARE * (64 << 20)) - e.gpu["gradients in flight"] > 0
+    assert e.gpu_total == estimate(deep, **big).gpu_total + e.gpu["gradients copying home"]
+    assert "gradients copying home" not in estimate(deep, host_step=1.0, **dict(
+        big, budget=None, gpu_memory=1 << 30)).gpu
 
 
 def test_the_least_bound_is_the_least_whose_margin_leaves_the_process():

@@ -109,6 +109,20 @@ def test_the_gradients_copying_home_take_an_eighth_of_the_budget_or_the_variable
     assert host_step.check(torch.optim.AdamW([p]), 0) == 0.0     # no host step: not read
 
 
+def test_under_gpu_memory_the_copies_home_stay_within_the_gradients_the_plan_counted():
+    """The copies home may take copies_share of the budget, unless an
+    offload's gpu_memory set a cap: its plan's room for them (they sit
+    beside the slots: an eighth of an 8 GiB budget is 1 GiB the bound's
+    plan would not hold)."""
+    steps = host_step.HostSteps(torch.device("cpu"))
+    assert steps.copies_limit(8 << 30) == 1 << 30          # an eighth
+    steps.copies_share = 0.25
+    assert steps.copies_limit(8 << 30) == 2 << 30
+    steps.copies_cap = 300 << 20
+    assert steps.copies_limit(8 << 30) == 300 << 20
+    assert steps.copies_limit(1 << 30) == 256 << 20        # (the share's, where less)
+
+
 @pytest.mark.parametrize("overflow", [False, True])
 def test_the_host_step_reads_a_grad_scalers_scale_as_a_fused_adam_does(overflow):
     """GradScaler hands a fused Adam its scale and overflow flag rather than
