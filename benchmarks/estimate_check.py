@@ -31,7 +31,8 @@ LLAMA_3B = dict(model_type="llama", num_hidden_layers=28, hidden_size=3072,
                 intermediate_size=8192, num_attention_heads=24, num_key_value_heads=8,
                 vocab_size=32000, tie_word_embeddings=False)
 GPT2_TRAIN = dict(model_type="gpt2", n_embd=2048, n_layer=24, n_head=16, n_positions=512,
-                  vocab_size=50257)                                  # offload_train's gpt2
+                  vocab_size=50257, attn_pdrop=0.0, resid_pdrop=0.0,
+                  embd_pdrop=0.0)                                    # offload_train's gpt2
 GPT2_GEN = dict(model_type="gpt2", n_embd=2048, n_layer=30, n_head=16, n_positions=1024,
                 vocab_size=50257)                                    # offload_generate's
 

@@ -18,9 +18,9 @@ each comes from):
   the slots (under ``gpu_memory``, stream_optimizer holds them to those).
 * **activations**: with activation checkpointing, each layer's input kept
   (``layers x batch x seq x hidden``, in the weights' dtype) and one layer's
-  working set recomputed; without it, every layer's working set, or, for a
-  Hugging Face model itself, what its forward saves, read on the meta
-  device (estimate_trace.decoder_trace). A layer's
+  working set recomputed; without it, what the model's forward saves, read
+  on the meta device (estimate_trace.decoder_trace: the model itself, or
+  its config's made by transformers), else every layer's working set. A layer's
   working set is Korthikanti et al.'s (2022) ``seq x batch x hidden x (34 +
   5 heads seq / hidden)`` bytes at 2 bytes an element (the ``seq`` term
   only for eager attention), scaled to the activations' element size.
@@ -31,7 +31,9 @@ each comes from):
   kv_heads x head_dim``.
 * **allocator's cache and workspaces**: what the runs measured beside
   their tensors (``CACHE_SHARE`` of the activations and logits, and
-  ``RUNTIME_BYTES``).
+  ``RUNTIME_BYTES``). Without checkpointing a decoder's saved activations
+  live from forward to backward and leave no cache: the share is then of
+  one layer's work and the logits.
 * **margin** (under ``gpu_memory`` alone): one ``MARGIN_PARTS``-th of it,
   kept free for the estimate's error; ``least_gpu`` is the least
   ``gpu_memory`` that holds the rest with it.
@@ -61,13 +63,15 @@ import torch
 from .offload_state import window_bytes
 from .host_step import copies_share
 from .activations import DEFAULT_WINDOW as ACTIVATIONS_WINDOW
-from .estimate_trace import decoder_trace, trace
+from .estimate_trace import decoder_of, decoder_trace, trace
 from .sizes import card_bytes, parse_bytes
 
 GiB = 1 << 30
 # Measured beside the tensors, on H100s and H200s (benchmarks/results):
 # the allocator's cache as a share of the activations' and logits' peak
-# (the 3B full fine-tune: 1.65 GiB cached beside 3.14 GiB allocated), and
+# (the 3B full fine-tune: 1.65 GiB cached beside 3.14 GiB allocated; GPT-2
+# 1.2B without checkpointing, whose saved activations stay: 1.42 GiB beside
+# 12.5 GiB, so there a share of one layer's work and the logits), and
 # what no books hold (cuBLAS's workspaces, segments' rounding).
 CACHE_SHARE = 0.5
 RUNTIME_BYTES = GiB // 4
@@ -383,6 +387,9 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
         shape = Shape.from_config(config)
         if module is None:
             refuse_unread(config)
+            if training and not checkpointing:   # (a config: its model made on the meta device)
+                made = decoder_of(config)
+                decoder = None if made is None else decoder_trace(made, batch, seq)
     if dtype is None:
         dtype = "float32" if task == "full" or traced else \
             config.get("torch_dtype") or config.get("dtype") or "bfloat16"
@@ -422,22 +429,21 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
     def gpu_parts(b: int, home: bool, margin: int = 0) -> Dict[str, int]:
         parts = {} if taken is None else {"held before the offload": taken}
         parts["slots"] = min(b, weights)
-        if traced is not None:
-            traced_parts(parts, home)
-        else:
-            formula_parts(parts, home)
+        # (what comes and goes: without checkpointing, a decoder's saved
+        # activations live from forward to backward and leave no cache)
+        working = traced_parts(parts, home) if traced is not None else formula_parts(parts, home)
         if task == "full" and step_in_backward and host_step and bound is None:
             # the host-stepped gradients on their way home, beside the slots (under
             # gpu_memory, stream_optimizer holds them to the gradients in flight)
             copying = min(int(copies_share() * b), streamed_in_training(weights, b, least))
             parts["gradients copying home"] = max(0, copying - parts["gradients in flight"])
-        parts["allocator's cache"] = int(CACHE_SHARE * (parts["activations"] + parts["logits"]))
+        parts["allocator's cache"] = int(CACHE_SHARE * (working + parts["logits"]))
         parts["workspaces"] = RUNTIME_BYTES
         if margin:
             parts["margin"] = margin
         return parts
 
-    def traced_parts(parts: Dict[str, int], home: bool) -> None:
+    def traced_parts(parts: Dict[str, int], home: bool) -> int:
         # (the trace runs in the weights' dtype; under autocast, the casts' size)
         saved, work = (int(traced.saved * act / e), int(traced.largest * act / e))
         if training:
@@ -449,25 +455,30 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
         else:
             parts["activations"] = work
             parts["logits"] = traced.output
+        return parts["activations"]
 
-    def formula_parts(parts: Dict[str, int], home: bool) -> None:
+    def formula_parts(parts: Dict[str, int], home: bool) -> int:
         h, L, V = shape.hidden, shape.layers, shape.vocab
         tokens = batch * seq
         layer = tokens * h * (34 + (5 * shape.heads * seq / h if eager_attention else 0)) * act / 2
         if training:
             parts["gradients in flight"] = 2 * largest_trainable
             saved = L * tokens * h * e if checkpointing else (L - 1) * layer
-            if decoder is not None:     # (the trace runs in the weights' dtype)
-                saved, layer = decoder.saved * act / e, max(layer, decoder.largest * act / e)
+            if decoder is not None:     # (the trace runs in the traced model's dtype)
+                d = decoder.dtype_bytes
+                saved, layer = decoder.saved * act / d, max(layer, decoder.largest * act / d)
             if home:     # offload_activations: two windows on their way, a layer working
                 saved = min(saved, 2 * ACTIVATIONS_WINDOW)
             parts["activations"] = int(saved + layer)
             parts["logits"] = tokens * V * (act + 4 + 4)
+            if not checkpointing:    # (checkpointed, each layer's work comes and goes again)
+                return int(layer)
         else:
             parts["activations"] = int(layer)
             parts["logits"] = batch * V * (act + 4)
             kv = shape.kv_heads * (h // shape.heads)
             parts["KV cache"] = 2 * L * batch * (seq + new_tokens) * kv * e
+        return parts["activations"]
 
     home = activations_home is True and training
     margin = 0 if bound is None else bound // MARGIN_PARTS

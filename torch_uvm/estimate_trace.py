@@ -26,6 +26,7 @@ class Traced:
     output: int      # the bytes of the forward's output
     batch: int       # the first input's leading size
     seq: int         # its second, for token ids or (batch, seq, features); else 1
+    dtype_bytes: int = 4   # the element size of the module's first floating parameter
 
 
 class _Largest(TorchDispatchMode):
@@ -96,6 +97,20 @@ def meta_twin(module: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(module, memo)
 
 
+def decoder_of(config: dict) -> Optional[torch.nn.Module]:
+    """The Hugging Face causal LM a config describes, made on the meta
+    device by transformers' own classes (its code, so its activations), or
+    None where transformers is absent or does not know it."""
+    try:
+        import transformers
+        rest = {k: v for k, v in config.items() if k != "model_type"}
+        made = transformers.AutoConfig.for_model(config["model_type"], **rest)
+        with torch.device("meta"):
+            return transformers.AutoModelForCausalLM.from_config(made)
+    except Exception:      # (absent, an unknown model_type, or a config it refuses)
+        return None
+
+
 def decoder_trace(module: torch.nn.Module, batch: int, seq: int) -> Optional[Traced]:
     """What a Hugging Face decoder's training forward on `batch` x `seq`
     token ids saves for backward, read on its meta twin (trace), or None
@@ -159,8 +174,10 @@ def trace(module: torch.nn.Module, inputs, training: bool) -> Traced:
                          f"{str(err).splitlines()[0] if str(err) else ''}); give the offload a "
                          f"budget= instead, from a measured run") from None
     output = sum(t.nbytes for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+    first_float = next((t for t in own.values() if t.is_floating_point()), None)
     first = tensors[0]
     sequence = first.dim() >= 3 or (first.dim() == 2 and not first.is_floating_point())
     return Traced(saved=sum(t.nbytes for t in saved.values()), largest=largest.nbytes,
                   output=output, batch=first.shape[0] if first.dim() else 1,
-                  seq=first.shape[1] if sequence else 1)
+                  seq=first.shape[1] if sequence else 1,
+                  dtype_bytes=4 if first_float is None else first_float.element_size())

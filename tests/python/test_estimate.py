@@ -42,7 +42,9 @@ def test_each_part_of_a_generation_by_hand():
     assert e.least_budget == window_bytes("prefetch", False, 1, 2 * h * 688)
 
 
-def test_training_keeps_each_layers_input_and_one_layers_work_with_checkpointing():
+def test_training_keeps_each_layers_input_and_one_layers_work_with_checkpointing(monkeypatch):
+    # (without checkpointing, the formula stands where transformers cannot make the model)
+    monkeypatch.setattr(sys.modules["torch_uvm.estimate"], "decoder_of", lambda config: None)
     full = estimate(TINY, task="full", budget=1 << 22, batch=2, seq=8, link_gbps=None)
     plain = estimate(TINY, task="full", budget=1 << 22, batch=2, seq=8, checkpointing=False,
                      link_gbps=None)
@@ -344,11 +346,16 @@ def test_a_model_trained_without_checkpointing_is_estimated_from_its_own_forward
     read = trace(model, {"input_ids": torch.zeros(2, 16, dtype=torch.long)}, True)
     assert ran == [1]        # (trace() runs the module's hooks: the estimate must not)
     layer = 2 * 16 * 64 * 34 * 2 / 2        # the formula's layer under bf16 autocast
-    got = estimate(model, **common).gpu["activations"]
-    assert got == int(read.saved * 2 / 4 + max(layer, read.largest * 2 / 4))
+    e = estimate(model, **common)
+    got, work = e.gpu["activations"], max(layer, read.largest * 2 / 4)
+    assert got == int(read.saved * 2 / 4 + work)
+    # the saved activations live from forward to backward: the allocator's
+    # cache is half of what comes and goes, a layer's work and the logits
+    assert e.gpu["allocator's cache"] == int(CACHE_SHARE * (int(work) + e.gpu["logits"]))
     assert got > int(layer + (2 - 1) * layer)        # more than the formula says
     assert estimate(model, autocast=False, **common).gpu["activations"] == \
         int(read.saved + max(layer * 2, read.largest))
+    assert estimate(config.to_dict(), **common).gpu["activations"] == got   # (made on meta)
     assert ran == [1] and all(torch.equal(p, before[n]) for n, p in model.named_parameters())
 
     def refuse(*_):
