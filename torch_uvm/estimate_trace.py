@@ -81,6 +81,11 @@ def meta_inputs(inputs):
                     if isinstance(t, torch.Tensor) else t, inputs)
 
 
+# torch_uvm's own attributes on a module (offload's mark, which holds its
+# handle and so every home) begin so: a twin copies none of them.
+MARKS = "_torch_uvm"
+
+
 def meta_twin(module: torch.nn.Module) -> torch.nn.Module:
     """A copy of `module` whose parameters and buffers are meta tensors of
     their shapes and which has no hooks (nothing else of it copied but its
@@ -94,6 +99,8 @@ def meta_twin(module: torch.nn.Module) -> torch.nn.Module:
         for name, value in vars(m).items():   # hooks are neither copied nor run)
             if "hooks" in name and isinstance(value, dict):
                 memo[id(value)] = type(value)()
+            elif name.startswith(MARKS):    # (an offload's handle: its homes stay uncopied)
+                memo[id(value)] = None
     return copy.deepcopy(module, memo)
 
 

@@ -358,6 +358,12 @@ def test_a_model_trained_without_checkpointing_is_estimated_from_its_own_forward
     assert estimate(config.to_dict(), **common).gpu["activations"] == got   # (made on meta)
     assert ran == [1] and all(torch.equal(p, before[n]) for n, p in model.named_parameters())
 
+    class Handle:     # (an offload's mark holds its handle, and through it every home)
+        def __deepcopy__(self, memo):
+            raise AssertionError("the offload's handle was copied")
+    model._torch_uvm_offloaded = Handle()
+    assert estimate(model, **common).gpu["activations"] == got
+
     def refuse(*_):
         raise RuntimeError("no meta device here")
     fails = transformers.GPT2LMHeadModel(config)
