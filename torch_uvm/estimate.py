@@ -56,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from typing import Dict, Optional
 
 import torch
@@ -63,7 +64,7 @@ import torch
 from .offload_state import window_bytes
 from .host_step import copies_share
 from .activations import DEFAULT_WINDOW as ACTIVATIONS_WINDOW
-from .estimate_trace import decoder_of, decoder_trace, trace
+from .estimate_trace import TraceFailed, decoder_of, decoder_trace, trace
 from .sizes import card_bytes, parse_bytes
 
 GiB = 1 << 30
@@ -88,6 +89,23 @@ def streamed_in_training(weights: int, budget: int, least: int) -> int:
     (host_step.copies_share)."""
     resident = max(0, budget - least - int(copies_share() * budget))
     return max(0, min(weights, weights - resident))
+
+
+def read_decoder(source, batch: int, seq: int, dtype: torch.dtype):
+    """What a Hugging Face decoder (a model, or a config's, made on the
+    meta device) saves for backward in training at `batch` x `seq`, in
+    `dtype` (estimate_trace.decoder_trace); None, with a warning, where it
+    cannot be read: the formula then counts a standard layer's, which
+    undercounts models whose layers save more (GPT-2's save 2.5 times)."""
+    try:
+        model = decoder_of(source) if isinstance(source, dict) else source
+        return decoder_trace(model, batch, seq, dtype)
+    except TraceFailed as err:
+        warnings.warn(f"torch_uvm: estimate could not read this model's forward on the meta "
+                      f"device ({err}): its activations are a standard layer's by formula, "
+                      f"which may undercount them. Checkpoint activations, or leave room",
+                      stacklevel=3)
+        return None
 
 
 def least_bound(process: int) -> int:
@@ -347,7 +365,7 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
             raise ValueError(f"torch_uvm: estimate's {name} must be a positive int, got {v!r}")
     module = config if isinstance(config, torch.nn.Module) else None
     training = task != "generate"
-    traced = shape = decoder = None
+    traced = shape = decoder = reads = None   # reads: a decoder whose forward is read
     if inputs is not None and module is None:
         raise ValueError("torch_uvm: estimate's inputs run a module's forward; a config's "
                          "shapes come from batch= and seq=")
@@ -374,7 +392,7 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
             if eager_attention is None:
                 eager_attention = getattr(hf, "_attn_implementation", None) == "eager"
             if training and not checkpointing:   # its own code's saved tensors, not a formula's
-                decoder = decoder_trace(module, batch, seq)
+                reads = module
         if dtype is None:
             first = next((p for p in module.parameters() if p.is_floating_point()), None)
             dtype = str(first.dtype).replace("torch.", "") if first is not None else None
@@ -388,8 +406,7 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
         if module is None:
             refuse_unread(config)
             if training and not checkpointing:   # (a config: its model made on the meta device)
-                made = decoder_of(config)
-                decoder = None if made is None else decoder_trace(made, batch, seq)
+                reads = config
     if dtype is None:
         dtype = "float32" if task == "full" or traced else \
             config.get("torch_dtype") or config.get("dtype") or "bfloat16"
@@ -398,6 +415,9 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
                          f"{dtype!r}")
     e = DTYPE_BYTES[dtype]
     act = 2 if task == "full" and autocast else e     # bf16 autocast over fp32 weights
+    if reads is not None:         # (its forward traced in the activations' dtype)
+        decoder = read_decoder(reads, batch, seq, torch.bfloat16 if act == 2 else
+                               torch.float16 if dtype == "float16" else torch.float32)
     if module is not None:     # its units as offload() would make them, measured
         measured = unit_sizes(module, units)
         sizes = [nbytes for nbytes, _ in measured]
@@ -464,15 +484,14 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
         if training:
             parts["gradients in flight"] = 2 * largest_trainable
             saved = L * tokens * h * e if checkpointing else (L - 1) * layer
-            if decoder is not None:     # (the trace runs in the traced model's dtype)
-                d = decoder.dtype_bytes
-                saved, layer = decoder.saved * act / d, max(layer, decoder.largest * act / d)
+            if decoder is not None:     # (read in the activations' dtype)
+                saved = decoder.saved
             if home:     # offload_activations: two windows on their way, a layer working
                 saved = min(saved, 2 * ACTIVATIONS_WINDOW)
             parts["activations"] = int(saved + layer)
             parts["logits"] = tokens * V * (act + 4 + 4)
-            if not checkpointing:    # (checkpointed, each layer's work comes and goes again)
-                return int(layer)
+            if decoder is not None:  # (read, they stay from forward to backward: no cache;
+                return int(layer)    #  checkpointed, each layer's work comes and goes again)
         else:
             parts["activations"] = int(layer)
             parts["logits"] = batch * V * (act + 4)

@@ -9,10 +9,11 @@ the module itself is not touched (on the CPU, on the meta device, anywhere).
 """
 from __future__ import annotations
 
-import copy
+import collections
 import dataclasses
 import inspect
-from typing import Optional
+import threading
+from typing import Dict
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -26,19 +27,19 @@ class Traced:
     output: int      # the bytes of the forward's output
     batch: int       # the first input's leading size
     seq: int         # its second, for token ids or (batch, seq, features); else 1
-    dtype_bytes: int = 4   # the element size of the module's first floating parameter
 
 
 class _Largest(TorchDispatchMode):
-    """The largest tensor any operation but a view returns."""
+    """The largest tensor any operation but a view returns (none while
+    `skip()` says so: inside an attention a fused kernel runs)."""
 
-    def __init__(self):
+    def __init__(self, skip=lambda: False):
         super().__init__()
-        self.nbytes = 0
+        self.nbytes, self.skip = 0, skip
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func.is_view:        # (a view makes no memory: a weight transposed, say)
+        if func.is_view or self.skip():   # (a view makes no memory: a weight transposed, say)
             return out
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
@@ -81,57 +82,120 @@ def meta_inputs(inputs):
                     if isinstance(t, torch.Tensor) else t, inputs)
 
 
-# torch_uvm's own attributes on a module (offload's mark, which holds its
-# handle and so every home) begin so: a twin copies none of them.
-MARKS = "_torch_uvm"
+# Attributes a twin leaves out: torch_uvm's own marks (offload's, which
+# holds its handle and so every home), and accelerate's hook and the
+# forward it wraps (its weights map holds the offloaded weights).
+LEFT_OUT = ("_torch_uvm", "_hf_hook", "_old_forward")
+# PyTorch's dicts of a module's hooks (_forward_hooks, _forward_pre_hooks_with_kwargs, ...)
+HOOK_DICTS = ("hooks", "hooks_with_kwargs", "hooks_always_called")
 
 
 def meta_twin(module: torch.nn.Module) -> torch.nn.Module:
-    """A copy of `module` whose parameters and buffers are meta tensors of
-    their shapes and which has no hooks (nothing else of it copied but its
-    structure): what a trace runs, so that the module itself, offloaded
-    and hooked by then, runs nothing. TypeError or the like where it
-    cannot be copied."""
-    memo = {}
-    for t in list(module.parameters()) + list(module.buffers()):
-        memo[id(t)] = _meta(t)
-    for m in module.modules():   # (its hooks' dicts stand for empty ones: an offload's
-        for name, value in vars(m).items():   # hooks are neither copied nor run)
-            if "hooks" in name and isinstance(value, dict):
-                memo[id(value)] = type(value)()
-            elif name.startswith(MARKS):    # (an offload's handle: its homes stay uncopied)
-                memo[id(value)] = None
-    return copy.deepcopy(module, memo)
+    """A copy of `module`'s structure whose parameters and buffers (and any
+    tensor it holds as an attribute) are meta tensors of their shapes,
+    shared where the module shares them, with no hooks and none of
+    LEFT_OUT: what a trace runs, so that the module itself, offloaded and
+    hooked by then, runs nothing and nothing of it is copied. Its other
+    attributes (a config, say) are the module's own, shared."""
+    tensors: Dict[int, torch.Tensor] = {}
+    made: Dict[int, torch.nn.Module] = {}
+
+    def meta(t):
+        if id(t) not in tensors:
+            tensors[id(t)] = _meta(t)
+        return tensors[id(t)]
+
+    def twin(m: torch.nn.Module) -> torch.nn.Module:
+        if id(m) in made:                 # (a submodule used twice stays one)
+            return made[id(m)]
+        t = m.__class__.__new__(m.__class__)
+        made[id(m)] = t
+        own = {}
+        accelerate = "_hf_hook" in vars(m)
+        for k, v in vars(m).items():
+            if k.startswith(LEFT_OUT) or (k == "forward" and accelerate):
+                continue
+            if k.startswith("_") and k.endswith(HOOK_DICTS) and isinstance(v, dict):
+                v = collections.OrderedDict()
+            elif k in ("_parameters", "_buffers"):
+                v = {n: None if x is None else meta(x) for n, x in v.items()}
+            elif k == "_modules":
+                v = {n: None if c is None else twin(c) for n, c in v.items()}
+            elif isinstance(v, torch.Tensor):
+                v = meta(v)
+            own[k] = v
+        t.__dict__.update(own)
+        return t
+    return twin(module)
 
 
-def decoder_of(config: dict) -> Optional[torch.nn.Module]:
+class _FusedAttention:
+    """While a trace runs: scaled_dot_product_attention counted as the
+    fused kernels a GPU runs save it (its query, key, value, mask and
+    output), not as the meta device's math, which saves the attention's
+    probabilities (batch x heads x seq x seq)."""
+
+    def __init__(self, keep):
+        self.keep, self.local = keep, threading.local()
+
+    def inside(self) -> bool:
+        return getattr(self.local, "depth", 0) > 0
+
+    def __enter__(self):
+        self.original = torch.nn.functional.scaled_dot_product_attention
+
+        def attention(query, key, value, attn_mask=None, *args, **kwargs):
+            self.local.depth = getattr(self.local, "depth", 0) + 1
+            try:
+                out = self.original(query, key, value, attn_mask, *args, **kwargs)
+            finally:
+                self.local.depth -= 1
+            if torch.is_grad_enabled():
+                for t in (query, key, value, attn_mask, out):
+                    if isinstance(t, torch.Tensor):
+                        self.keep(t)
+            return out
+        torch.nn.functional.scaled_dot_product_attention = attention
+        return self
+
+    def __exit__(self, *_):
+        torch.nn.functional.scaled_dot_product_attention = self.original
+
+
+def decoder_of(config: dict) -> torch.nn.Module:
     """The Hugging Face causal LM a config describes, made on the meta
-    device by transformers' own classes (its code, so its activations), or
-    None where transformers is absent or does not know it."""
+    device by transformers' own classes (its code, so its activations);
+    TraceFailed, naming why, where transformers is absent or cannot."""
     try:
         import transformers
+    except ImportError:
+        raise TraceFailed("transformers is not installed") from None
+    try:
         rest = {k: v for k, v in config.items() if k != "model_type"}
         made = transformers.AutoConfig.for_model(config["model_type"], **rest)
         with torch.device("meta"):
             return transformers.AutoModelForCausalLM.from_config(made)
-    except Exception:      # (absent, an unknown model_type, or a config it refuses)
-        return None
+    except Exception as err:      # (an unknown model_type, or a config it refuses)
+        raise TraceFailed(f"transformers could not make it ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''})") from None
 
 
-def decoder_trace(module: torch.nn.Module, batch: int, seq: int) -> Optional[Traced]:
+def decoder_trace(module: torch.nn.Module, batch: int, seq: int, dtype: torch.dtype) -> Traced:
     """What a Hugging Face decoder's training forward on `batch` x `seq`
-    token ids saves for backward, read on its meta twin (trace), or None
-    where it cannot be copied or its forward cannot run on the meta device."""
+    token ids saves for backward, its twin's floating tensors in `dtype`
+    (the activations'), read on the meta device (trace); TraceFailed,
+    naming why, where it cannot be copied or its forward cannot run there."""
     try:
         twin = meta_twin(module)
-    except Exception:             # (something in it that cannot be copied)
-        return None
+    except Exception as err:      # (something in it that cannot be copied)
+        raise TraceFailed(f"it could not be copied ({type(err).__name__})") from None
     match_modes(twin, module)
     twin.train()
+    twin.to(dtype)
     try:
         return trace(twin, {"input_ids": torch.zeros(batch, seq, dtype=torch.long)}, True)
-    except ValueError:            # (TraceFailed, or a forward that takes no input_ids)
-        return None
+    except ValueError as err:     # (TraceFailed, or a forward that takes no input_ids)
+        raise TraceFailed(f"its forward raised there, {getattr(err, 'cause', err)}") from None
 
 
 def match_modes(twin: torch.nn.Module, module: torch.nn.Module) -> None:
@@ -170,21 +234,25 @@ def trace(module: torch.nn.Module, inputs, training: bool) -> Traced:
         if id(base) not in ids:                    # (a weight saved transposed is its own)
             saved[id(base)] = base
         return None
-    largest = _Largest()
+    fused = _FusedAttention(pack)
+    largest = _Largest(fused.inside)
+
+    def pack_outside_attention(t):
+        return None if fused.inside() else pack(t)
     try:
-        with torch.set_grad_enabled(training), \
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None), largest:
+        with torch.set_grad_enabled(training), fused, largest, \
+                torch.autograd.graph.saved_tensors_hooks(pack_outside_attention, lambda _: None):
             out = torch.func.functional_call(module, own, args, kwargs)
     except Exception as err:     # (whatever the forward raises on the meta device)
-        raise TraceFailed(f"torch_uvm: estimate could not run the module's forward on the meta "
-                         f"device to read its activations ({type(err).__name__}: "
-                         f"{str(err).splitlines()[0] if str(err) else ''}); give the offload a "
-                         f"budget= instead, from a measured run") from None
+        cause = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        failed = TraceFailed(f"torch_uvm: estimate could not run the module's forward on the "
+                             f"meta device to read its activations ({cause}); give the offload "
+                             f"a budget= instead, from a measured run")
+        failed.cause = cause
+        raise failed from None
     output = sum(t.nbytes for t in tree_leaves(out) if isinstance(t, torch.Tensor))
-    first_float = next((t for t in own.values() if t.is_floating_point()), None)
     first = tensors[0]
     sequence = first.dim() >= 3 or (first.dim() == 2 and not first.is_floating_point())
     return Traced(saved=sum(t.nbytes for t in saved.values()), largest=largest.nbytes,
                   output=output, batch=first.shape[0] if first.dim() else 1,
-                  seq=first.shape[1] if sequence else 1,
-                  dtype_bytes=4 if first_float is None else first_float.element_size())
+                  seq=first.shape[1] if sequence else 1)

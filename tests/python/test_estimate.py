@@ -44,10 +44,16 @@ def test_each_part_of_a_generation_by_hand():
 
 def test_training_keeps_each_layers_input_and_one_layers_work_with_checkpointing(monkeypatch):
     # (without checkpointing, the formula stands where transformers cannot make the model)
-    monkeypatch.setattr(sys.modules["torch_uvm.estimate"], "decoder_of", lambda config: None)
+    from torch_uvm.estimate_trace import TraceFailed
+
+    def absent(config):
+        raise TraceFailed("transformers is not installed")
+    monkeypatch.setattr(sys.modules["torch_uvm.estimate"], "decoder_of", absent)
     full = estimate(TINY, task="full", budget=1 << 22, batch=2, seq=8, link_gbps=None)
-    plain = estimate(TINY, task="full", budget=1 << 22, batch=2, seq=8, checkpointing=False,
-                     link_gbps=None)
+    with pytest.warns(UserWarning, match=r"\(transformers is not installed\): its "
+                                         r"activations are a standard layer's by formula"):
+        plain = estimate(TINY, task="full", budget=1 << 22, batch=2, seq=8,
+                         checkpointing=False, link_gbps=None)
     layer = 2 * 8 * 256 * 34 * 2 / 2                       # bf16 autocast
     assert full.gpu["activations"] == int(2 * 2 * 8 * 256 * 4 + layer)   # fp32 inputs kept
     assert plain.gpu["activations"] == int(2 * layer)
@@ -328,48 +334,81 @@ def test_a_config_the_formulas_would_miscount_is_refused(extra, what):
 
 def test_a_model_trained_without_checkpointing_is_estimated_from_its_own_forward():
     """A Hugging Face model trained without checkpointing: what its own
-    forward saves for backward, read on its meta twin, not the formula
-    (GPT-2's forward saves about twice what the formula's layer counts: a
-    GPT-2 1.2B bounded by it took 19.62 of 19 GiB). Its hooks are not run,
-    nor is it touched. A model whose forward cannot run on the meta device
-    falls back to the formula."""
+    forward saves for backward, read on a meta twin in the activations'
+    dtype, not the formula (GPT-2's forward saves about twice the formula's
+    layers: a GPT-2 1.2B bounded by it took 19.62 of 19 GiB). Its hooks
+    are not run, nor is it touched, nor its offload's handle copied; its
+    config gives the same. The saved activations stay from forward to
+    backward: the allocator's cache is half of a layer's work and the
+    logits. A forward that cannot run on the meta device warns, and the
+    formula counts."""
     transformers = pytest.importorskip("transformers")
-    from torch_uvm.estimate_trace import trace
+    from torch_uvm.estimate_trace import decoder_trace
     config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=32,
-                                     vocab_size=128)
+                                     vocab_size=128, attn_pdrop=0.0, resid_pdrop=0.0,
+                                     embd_pdrop=0.0)
     model = transformers.GPT2LMHeadModel(config)      # fp32, on the CPU
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     ran = []
     model.register_forward_pre_hook(lambda *_: ran.append(1))
-    common = dict(task="full", budget=1 << 20, batch=2, seq=16, checkpointing=False,
-                  link_gbps=None)
-    read = trace(model, {"input_ids": torch.zeros(2, 16, dtype=torch.long)}, True)
-    assert ran == [1]        # (trace() runs the module's hooks: the estimate must not)
-    layer = 2 * 16 * 64 * 34 * 2 / 2        # the formula's layer under bf16 autocast
-    e = estimate(model, **common)
-    got, work = e.gpu["activations"], max(layer, read.largest * 2 / 4)
-    assert got == int(read.saved * 2 / 4 + work)
-    # the saved activations live from forward to backward: the allocator's
-    # cache is half of what comes and goes, a layer's work and the logits
-    assert e.gpu["allocator's cache"] == int(CACHE_SHARE * (int(work) + e.gpu["logits"]))
-    assert got > int(layer + (2 - 1) * layer)        # more than the formula says
-    assert estimate(model, autocast=False, **common).gpu["activations"] == \
-        int(read.saved + max(layer * 2, read.largest))
-    assert estimate(config.to_dict(), **common).gpu["activations"] == got   # (made on meta)
-    assert ran == [1] and all(torch.equal(p, before[n]) for n, p in model.named_parameters())
 
     class Handle:     # (an offload's mark holds its handle, and through it every home)
         def __deepcopy__(self, memo):
             raise AssertionError("the offload's handle was copied")
     model._torch_uvm_offloaded = Handle()
-    assert estimate(model, **common).gpu["activations"] == got
+    accelerate = pytest.importorskip("accelerate")     # (its hook replaces the forward)
+    accelerate.hooks.add_hook_to_module(model, accelerate.hooks.ModelHook())
+    common = dict(task="full", budget=1 << 20, batch=2, seq=16, checkpointing=False,
+                  link_gbps=None)
+    layer = 2 * 16 * 64 * 34 * 2 / 2        # the formula's layer under bf16 autocast
+    read = decoder_trace(model, 2, 16, torch.bfloat16)
+    e = estimate(model, **common)
+    assert e.gpu["activations"] == int(read.saved + layer)
+    assert e.gpu["activations"] > int(2 * layer)                 # more than the formula says
+    assert e.gpu["allocator's cache"] == int(CACHE_SHARE * (int(layer) + e.gpu["logits"]))
+    assert estimate(model, autocast=False, **common).gpu["activations"] == \
+        int(decoder_trace(model, 2, 16, torch.float32).saved + 2 * layer)
+    assert ran == [] and all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    assert estimate(config.to_dict(), **common).gpu["activations"] == e.gpu["activations"]
 
-    def refuse(*_):
-        raise RuntimeError("no meta device here")
+    class Refuse(torch.nn.Module):
+        def forward(self, x):
+            raise RuntimeError("no meta device here")
     fails = transformers.GPT2LMHeadModel(config)
-    fails.transformer.h[0].register_forward_pre_hook(refuse)   # (its twin keeps no hooks:
-    fails.transformer.h[0].forward = refuse                     #  a forward that fails)
-    assert estimate(fails, **common).gpu["activations"] == int(layer + (2 - 1) * layer)
+    fails.transformer.h[0].mlp.act = Refuse()
+    with pytest.warns(UserWarning, match=r"could not read this model's forward on the meta "
+                                         r"device \(its forward raised there, RuntimeError: no "
+                                         r"meta device here\)"):
+        fallback = estimate(fails, **common)
+    assert fallback.gpu["activations"] == int(2 * layer)
+    # (the formula's activations keep the cache they were fitted with)
+    assert fallback.gpu["allocator's cache"] == \
+        int(CACHE_SHARE * (fallback.gpu["activations"] + fallback.gpu["logits"]))
+
+
+def test_an_attention_is_counted_as_the_fused_kernels_save_it():
+    """scaled_dot_product_attention on the meta device runs its math, which
+    keeps the probabilities (batch x heads x seq x seq); a GPU runs a fused
+    kernel, which keeps its query, key, value and output. Eager attention
+    keeps the probabilities."""
+    from torch_uvm.estimate_trace import trace
+
+    class Attention(torch.nn.Module):
+        def __init__(self, eager):
+            super().__init__()
+            self.qkv, self.eager = torch.nn.Linear(64, 192), eager
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(2, 128, 3, 4, 16).permute(2, 0, 3, 1, 4)
+            if self.eager:
+                return ((q @ k.transpose(-1, -2)).softmax(-1) @ v).sum()
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
+    x = torch.zeros(2, 128, 64)
+    inputs, qkv, out, probs = x.nbytes, 2 * 128 * 192 * 4, 2 * 4 * 128 * 16 * 4, 2 * 4 * 128 * 128 * 4
+    sdpa = trace(Attention(False), x, True)
+    assert sdpa.saved == inputs + qkv + out and sdpa.largest == qkv
+    assert trace(Attention(True), x, True).saved == inputs + qkv + probs
+    assert torch.nn.functional.scaled_dot_product_attention.__name__ == "scaled_dot_product_attention"
 
 
 def test_a_host_step_gives_its_streamed_weights_gradient_homes():
