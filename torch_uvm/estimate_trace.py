@@ -143,6 +143,7 @@ class _FusedAttention:
 
     def __enter__(self):
         self.original = torch.nn.functional.scaled_dot_product_attention
+        tracing = threading.get_ident()     # (another thread's attentions are not the trace's)
 
         def attention(query, key, value, attn_mask=None, *args, **kwargs):
             self.local.depth = getattr(self.local, "depth", 0) + 1
@@ -150,7 +151,7 @@ class _FusedAttention:
                 out = self.original(query, key, value, attn_mask, *args, **kwargs)
             finally:
                 self.local.depth -= 1
-            if torch.is_grad_enabled():
+            if torch.is_grad_enabled() and threading.get_ident() == tracing:
                 for t in (query, key, value, attn_mask, out):
                     if isinstance(t, torch.Tensor):
                         self.keep(t)
