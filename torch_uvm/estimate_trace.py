@@ -10,10 +10,12 @@ the module itself is not touched (on the CPU, on the meta device, anywhere).
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import inspect
 import threading
-from typing import Dict
+import types
+from typing import Dict, List, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -95,10 +97,13 @@ def meta_twin(module: torch.nn.Module) -> torch.nn.Module:
     tensor it holds as an attribute) are meta tensors of their shapes,
     shared where the module shares them, with no hooks and none of
     LEFT_OUT: what a trace runs, so that the module itself, offloaded and
-    hooked by then, runs nothing and nothing of it is copied. Its other
-    attributes (a config, say) are the module's own, shared."""
+    hooked by then, runs nothing and nothing of it is copied. A method
+    bound to one of its modules (a forward set on the instance) is bound
+    to that module's twin; its lists, sets and dicts are copied a level
+    deep; its other attributes (a config, say) are the module's own."""
     tensors: Dict[int, torch.Tensor] = {}
     made: Dict[int, torch.nn.Module] = {}
+    bound: List[Tuple[torch.nn.Module, str, types.MethodType]] = []
 
     def meta(t):
         if id(t) not in tensors:
@@ -123,44 +128,86 @@ def meta_twin(module: torch.nn.Module) -> torch.nn.Module:
                 v = {n: None if c is None else twin(c) for n, c in v.items()}
             elif isinstance(v, torch.Tensor):
                 v = meta(v)
+            elif isinstance(v, types.MethodType) and isinstance(v.__self__, torch.nn.Module):
+                bound.append((t, k, v))   # (bound once every twin is made)
+                continue
+            elif isinstance(v, (list, set, dict)):
+                v = copy.copy(v)
             own[k] = v
         t.__dict__.update(own)
         return t
-    return twin(module)
+    root = twin(module)
+    for t, k, method in bound:
+        t.__dict__[k] = types.MethodType(method.__func__, twin(method.__self__))
+    return root
+
+
+class _Attention:
+    """scaled_dot_product_attention while traces run: one wrapper, put in
+    place by the first trace that enters and taken away by the last that
+    leaves (in any thread), which hands each call to the trace running in
+    its thread, if any."""
+    lock = threading.Lock()
+    original = None
+    tracing: Dict[int, List["_FusedAttention"]] = {}     # thread: its traces, innermost last
+
+    @classmethod
+    def enter(cls, trace: "_FusedAttention") -> None:
+        with cls.lock:
+            if not cls.tracing:
+                cls.original = torch.nn.functional.scaled_dot_product_attention
+                torch.nn.functional.scaled_dot_product_attention = cls.attention
+            cls.tracing.setdefault(threading.get_ident(), []).append(trace)
+
+    @classmethod
+    def leave(cls, trace: "_FusedAttention") -> None:
+        with cls.lock:
+            mine = cls.tracing[threading.get_ident()]
+            mine.remove(trace)
+            if not mine:
+                del cls.tracing[threading.get_ident()]
+            if not cls.tracing:
+                torch.nn.functional.scaled_dot_product_attention = cls.original
+
+    @staticmethod
+    def attention(query, key, value, attn_mask=None, *args, **kwargs):
+        mine = _Attention.tracing.get(threading.get_ident())
+        if not mine:
+            return _Attention.original(query, key, value, attn_mask, *args, **kwargs)
+        return mine[-1].attention(query, key, value, attn_mask, *args, **kwargs)
 
 
 class _FusedAttention:
     """While a trace runs: scaled_dot_product_attention counted as the
     fused kernels a GPU runs save it (its query, key, value, mask and
-    output), not as the meta device's math, which saves the attention's
-    probabilities (batch x heads x seq x seq)."""
+    output, where its output needs a gradient), not as the meta device's
+    math, which saves the attention's probabilities (batch x heads x seq
+    x seq)."""
 
     def __init__(self, keep):
-        self.keep, self.local = keep, threading.local()
+        self.keep, self.depth = keep, 0
 
     def inside(self) -> bool:
-        return getattr(self.local, "depth", 0) > 0
+        return self.depth > 0
+
+    def attention(self, query, key, value, attn_mask, *args, **kwargs):
+        self.depth += 1
+        try:
+            out = _Attention.original(query, key, value, attn_mask, *args, **kwargs)
+        finally:
+            self.depth -= 1
+        if out.requires_grad:
+            for t in (query, key, value, attn_mask, out):
+                if isinstance(t, torch.Tensor):
+                    self.keep(t)
+        return out
 
     def __enter__(self):
-        self.original = torch.nn.functional.scaled_dot_product_attention
-        tracing = threading.get_ident()     # (another thread's attentions are not the trace's)
-
-        def attention(query, key, value, attn_mask=None, *args, **kwargs):
-            self.local.depth = getattr(self.local, "depth", 0) + 1
-            try:
-                out = self.original(query, key, value, attn_mask, *args, **kwargs)
-            finally:
-                self.local.depth -= 1
-            if torch.is_grad_enabled() and threading.get_ident() == tracing:
-                for t in (query, key, value, attn_mask, out):
-                    if isinstance(t, torch.Tensor):
-                        self.keep(t)
-            return out
-        torch.nn.functional.scaled_dot_product_attention = attention
+        _Attention.enter(self)
         return self
 
     def __exit__(self, *_):
-        torch.nn.functional.scaled_dot_product_attention = self.original
+        _Attention.leave(self)
 
 
 def decoder_of(config: dict) -> torch.nn.Module:

@@ -409,6 +409,43 @@ def test_an_attention_is_counted_as_the_fused_kernels_save_it():
     assert sdpa.saved == inputs + qkv + out and sdpa.largest == qkv
     assert trace(Attention(True), x, True).saved == inputs + qkv + probs
     assert torch.nn.functional.scaled_dot_product_attention.__name__ == "scaled_dot_product_attention"
+    frozen = Attention(False).requires_grad_(False)       # (nothing needs its gradient)
+    assert trace(frozen, x, True).saved == 0
+
+
+def test_the_attentions_wrapper_is_taken_away_by_the_last_trace_in_any_thread():
+    """Traces in two threads, the first to enter leaving first: the last
+    to leave puts scaled_dot_product_attention back."""
+    import threading
+    from torch_uvm.estimate_trace import _FusedAttention
+    original = torch.nn.functional.scaled_dot_product_attention
+    entered, left = threading.Event(), threading.Event()
+
+    def other():
+        with _FusedAttention(lambda t: None):
+            entered.set()
+            left.wait(10)
+    with _FusedAttention(lambda t: None):
+        worker = threading.Thread(target=other)
+        worker.start()
+        entered.wait(10)
+    assert torch.nn.functional.scaled_dot_product_attention is not original   # (B's still in)
+    left.set()
+    worker.join()
+    assert torch.nn.functional.scaled_dot_product_attention is original
+
+
+def test_a_forward_bound_on_the_instance_runs_on_the_twin():
+    """A method bound to the module itself (a forward patched in, as some
+    kernels' libraries do) runs on the twin, not on the module's weights."""
+    import types
+    from torch_uvm.estimate_trace import meta_twin, trace
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    model.forward = types.MethodType(lambda self, x: self[1](self[0](x)) * 2, model)
+    twin = meta_twin(model)
+    assert twin.forward.__self__ is twin and twin[0].weight.is_meta
+    assert trace(model, torch.zeros(4, 8), True).saved == \
+        trace(twin, torch.zeros(4, 8), True).saved > 0
 
 
 def test_a_host_step_gives_its_streamed_weights_gradient_homes():
