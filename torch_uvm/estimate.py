@@ -416,8 +416,8 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
     e = DTYPE_BYTES[dtype]
     act = 2 if task == "full" and autocast else e     # bf16 autocast over fp32 weights
     if reads is not None:         # (its forward traced in the activations' dtype)
-        decoder = read_decoder(reads, batch, seq, torch.bfloat16 if act == 2 else
-                               torch.float16 if dtype == "float16" else torch.float32)
+        decoder = read_decoder(reads, batch, seq,
+                               getattr(torch, dtype) if act == e else torch.bfloat16)
     if module is not None:     # its units as offload() would make them, measured
         measured = unit_sizes(module, units)
         sizes = [nbytes for nbytes, _ in measured]

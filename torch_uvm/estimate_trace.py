@@ -1,6 +1,8 @@
 """What a module's forward keeps for its backward, read by running it on the
 meta device: estimate()'s activations for a module that is no Hugging Face
-decoder (an MLP, a vision model), whose activations no formula knows.
+decoder (an MLP, a vision model), whose activations no formula knows, and
+for a decoder trained without checkpointing, whose layers may save more
+than the formula's standard one (decoder_trace).
 
 The forward runs once through ``torch.func.functional_call`` with every
 parameter and buffer replaced by a meta tensor of its shape, on meta
