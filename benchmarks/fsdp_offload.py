@@ -24,7 +24,9 @@ pinned rates measured in the same run, both ways at once:
 W / world / min(h2d, d2h) (fp32 shards; a bf16 cast made on the host would
 halve it). The host's AdamW steps every rank's shard on one host: W / 4
 elements at the fused CPU AdamW's rate measured beside it, on all cores.
-Each rank gets its share of the cores (torchrun would give it one).
+Each rank gets its share of the cores (torchrun would give it one); the
+_uvm_steps variants' host worker takes that share but two
+(host_step.rank_threads(), recorded as each rank's host_step_threads).
 The twins' losses are bit for bit only with deterministic kernels
 (OFFLOAD_DETERMINISTIC=1: eager attention too); otherwise the check says
 how far apart they are. Prints a table and writes
@@ -98,9 +100,10 @@ def rank_main(variant: str, shape: str, out: str) -> None:
                         bf16="_bf16" in variant, pin_memory=cuda,
                         mesh=None if cuda else init_device_mesh("cpu", (dist.get_world_size(),)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
+    host_threads = None
     if variant.endswith("_uvm_steps"):
         import torch_uvm.fsdp
-        torch_uvm.fsdp.step_in_backward(model, optimizer)
+        host_threads = torch_uvm.fsdp.step_in_backward(model, optimizer).threads
     losses, times = [], []
     for _ in range(STEPS):
         if cuda:
@@ -117,7 +120,7 @@ def rank_main(variant: str, shape: str, out: str) -> None:
         gpu.__exit__(None, None, None)
     import offload_llama
     mine = {"rank": dist.get_rank(), "losses": losses, "times_s": times,
-            "threads": torch.get_num_threads(),
+            "threads": torch.get_num_threads(), "host_step_threads": host_threads,
             "process_gpu_memory": gpu.result() if gpu is not None else None,
             "host_peak_bytes": offload_llama.host_peak_bytes()}
     ranks = [None] * dist.get_world_size()

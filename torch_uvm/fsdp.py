@@ -21,7 +21,8 @@ Then it steps at once, while the backward goes on:
 - its gradients are then let go.
 
 A group whose shards are on the CPU (FSDP2's ``CPUOffloadPolicy``, or a CPU
-mesh) steps on one worker thread instead: the backward goes on beside the
+mesh) steps on one worker thread instead, on the rank's share of the host's
+cores but two (``host_step.rank_threads()``): the backward goes on beside the
 host's step (PyTorch's CPU kernels let go of the GIL), as FSDP2's own
 offload does not. The worker waits for the GPU's work queued before the
 hook first (the gradient's copy home among it). The next forward, before
@@ -50,7 +51,7 @@ from typing import List, Tuple
 
 import torch
 
-from . import _C, clipping
+from . import _C, clipping, host_step
 from .narrowed_step import step_over
 
 
@@ -79,8 +80,9 @@ class ShardSteps:
     groups and the optimizer's step. ``undo()`` takes it out."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 groups: List[Tuple[str, List[torch.nn.Parameter]]]):
+                 groups: List[Tuple[str, List[torch.nn.Parameter]]], threads: int = 0):
         self.model, self.optimizer = model, optimizer
+        self.threads = threads     # the host worker's (host_step.rank_threads()); 0: none
         self.names = [n for n, _ in groups]
         self.params = [ps for _, ps in groups]
         self.lifecycle = _C.UnitLifecycle(self.names)
@@ -186,6 +188,7 @@ class ShardSteps:
         def work():
             if ready is not None:
                 ready.synchronize()
+            torch.set_num_threads(self.threads)   # (a new thread's are not the rank's share)
             self._step(unit)
             self._let_go(unit)
         self._queued.append(self._worker.submit(work))
@@ -312,4 +315,6 @@ def step_in_backward(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
         raise ValueError(f"torch_uvm: the optimizer holds {len(others)} parameters that are not "
                          f"the sharded model's (made before fully_shard, or another model's): "
                          f"make it after fully_shard, from model.parameters()")
-    return ShardSteps(model, optimizer, groups)
+    on_host = any(p.device.type == "cpu" for _, ps in groups for p in ps)
+    threads = host_step.rank_threads() if on_host else 0   # (a bad variable refused here)
+    return ShardSteps(model, optimizer, groups, threads)

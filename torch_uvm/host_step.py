@@ -36,6 +36,7 @@ import collections
 import concurrent.futures
 import inspect
 import math
+import os
 import threading
 import time
 from typing import TYPE_CHECKING, List, Optional
@@ -122,6 +123,29 @@ def threads() -> int:
     beside them; with every core the GPU waits for its launches). The
     variable is parsed with the other options (csrc/core/config.cpp)."""
     return _C.offload_environment()["host_step_threads"] or max(1, torch.get_num_threads() - 2)
+
+
+def rank_threads() -> int:
+    """The threads one rank's host step runs on where ranks share the host
+    (fsdp.step_in_backward): TORCH_UVM_HOST_STEP_THREADS, else the rank's
+    share of the cores it may run on, but two (left to its launching thread,
+    as in threads()). The ranks on this host: LOCAL_WORLD_SIZE (torchrun,
+    accelerate and Lightning set it), else the default process group's size.
+    Not PyTorch's intra-op threads: torchrun sets OMP_NUM_THREADS=1 for each
+    rank, and the host's AdamW on one thread would be most of a step. (On
+    two H200s of 32 cores, 2026-11-29, a worker on PyTorch's threads (each
+    rank's OMP_NUM_THREADS, 16) stepped in backward 1.16-1.31x slower than FSDP2's own step
+    after it: benchmarks/results/2026-11-29-h200-x2. This share is not yet
+    measured there.)"""
+    chosen = _C.offload_environment()["host_step_threads"]
+    if chosen:
+        return chosen
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or 0)
+    if ranks < 1:
+        import torch.distributed as dist
+        ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // ranks - 2)
 
 
 def copies_share() -> float:

@@ -165,8 +165,10 @@ struct Variable {
 
 const std::vector<Variable>& variables() {
   static const std::vector<Variable> table = {
-      {"TORCH_UVM_HOST_STEP_THREADS", "the intra-op threads but two",
-       "the threads a host step runs on (stream_optimizer's host_step)",
+      {"TORCH_UVM_HOST_STEP_THREADS",
+       "the intra-op threads but two; a rank's (fsdp.step_in_backward): its share of the cores "
+       "but two",
+       "the threads a host step runs on (stream_optimizer's host_step, fsdp.step_in_backward)",
        [](OffloadEnvironment& e, const std::string& v) {
          char* end = nullptr;
          errno = 0;

@@ -12,6 +12,10 @@ attention: SDPA's backward accumulates with atomics, so its losses would
 differ from run to run in the last digits.
 
     python examples/training/hf_trainer.py
+
+On a machine of several GPUs, show it one (``CUDA_VISIBLE_DEVICES=0``): a
+Trainer that sees two wraps the model in ``nn.DataParallel``, which
+``stream_trainer`` refuses, naming this way out and torchrun's.
 """
 import tempfile
 

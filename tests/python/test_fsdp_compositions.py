@@ -106,6 +106,7 @@ class HeldAdamW(torch.optim.AdamW):
 
     def step(self, closure=None):
         assert self.gate.wait(timeout=60), "the step was never let go"
+        self.threads = torch.get_num_threads()
         result = super().step(closure)
         self.order.append("step")
         return result
@@ -122,7 +123,11 @@ def held(mesh, rank, out):
     gate, order = threading.Event(), []
     model = make(mesh)
     optimizer = HeldAdamW(model.parameters(), gate, order, lr=0.05)
-    shard_steps = tfsdp.step_in_backward(model, optimizer)
+    os.environ["TORCH_UVM_HOST_STEP_THREADS"] = "3"   # (the rank's own are 1: worker())
+    try:
+        shard_steps = tfsdp.step_in_backward(model, optimizer)
+    finally:
+        del os.environ["TORCH_UVM_HOST_STEP_THREADS"]
     model.register_forward_pre_hook(lambda _m, _a: order.append("forward"))  # (after the waits)
     got = []
     for i, x in enumerate(xs):
@@ -143,6 +148,7 @@ def held(mesh, rank, out):
         optimizer.zero_grad()
         got.append(loss.item())
     out["held_losses_equal"] = got == want
+    out["held_threads"] = (shard_steps.threads, optimizer.threads, torch.get_num_threads())
     (gp, gs), (wp, ws) = full(model, optimizer), full(reference, ref_opt)
     out["held_params_equal"] = all(torch.equal(a, b) for a, b in zip(gp, wp))
     out["held_states_equal"] = all(torch.equal(a, b) for a, b in zip(gs, ws))
@@ -245,6 +251,7 @@ def test_the_host_steps_overlap_the_backward_and_the_forward_and_step_wait_for_t
         assert out["held_grads_after_backward"] == [6] * STEPS     # let go after its step
         assert out["held_order"] == [["step"] * 3 + ["forward"]] + [["step"] * 3] * (STEPS - 1)
         assert out["held_pending_after_step"] == [0] * STEPS
+        assert out["held_threads"] == (3, 3, 1)   # the worker's, chosen; the rank's, kept
         assert out["held_losses_equal"]
         assert out["held_params_equal"] and out["held_states_equal"]
 

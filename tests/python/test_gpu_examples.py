@@ -40,6 +40,10 @@ MiB = 1 << 20
 # activations: gradients and first optimizer states made by PyTorch on their
 # way home, the step's temporaries.
 SLACK = 64 * MiB
+# Each example streams one model through one GPU, shown one GPU as its
+# docstring asks on a machine of several (a Trainer that sees two wraps the
+# model in DataParallel, which stream_trainer refuses: 2026-11-29, two H200s).
+ONE_GPU = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
 
 CHILD = """
     import importlib, json, sys
@@ -64,7 +68,8 @@ def test_example_trains_offloaded_as_all_resident(name):
     name, kwargs = VARIANTS.get(name, (name, {}))
     r = run_python(CHILD.format(folder=FOLDER, needs=NEEDS.get(name, []), name=name,
                                 kwargs=kwargs),
-                   env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}, timeout=280)
+                   env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "CUDA_VISIBLE_DEVICES": ONE_GPU},
+                   timeout=280)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     out = json.loads([line for line in r.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
     if "skip" in out:

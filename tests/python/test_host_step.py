@@ -95,6 +95,26 @@ def test_the_host_steps_threads_leave_two_cores_or_follow_the_variable(monkeypat
     assert host_step.check(torch.optim.AdamW([p]), 0) == 0.0     # no host step: not read
 
 
+def test_a_ranks_host_step_takes_its_share_of_the_cores_but_two_or_follows_the_variable(
+        monkeypatch):
+    monkeypatch.delenv(host_step.THREADS_VARIABLE, raising=False)
+    monkeypatch.setattr(host_step.os, "sched_getaffinity", lambda _pid: set(range(32)))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")            # (torchrun's, for each rank)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert host_step.rank_threads() == 14
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert host_step.rank_threads() == 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")
+    assert host_step.rank_threads() == 1                   # (at least one)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert host_step.rank_threads() == 30                  # (no process group: one rank)
+    monkeypatch.setenv(host_step.THREADS_VARIABLE, "3")
+    assert host_step.rank_threads() == 3
+    monkeypatch.setenv(host_step.THREADS_VARIABLE, "many")
+    with pytest.raises(ValueError, match="TORCH_UVM_HOST_STEP_THREADS is the number"):
+        host_step.rank_threads()
+
+
 def test_the_gradients_copying_home_take_an_eighth_of_the_budget_or_the_variables_share(
         monkeypatch):
     monkeypatch.delenv(host_step.COPIES_VARIABLE, raising=False)
