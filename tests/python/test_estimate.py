@@ -366,6 +366,9 @@ def test_a_model_trained_without_checkpointing_is_estimated_from_its_own_forward
     assert e.gpu["activations"] == int(read.saved + layer)
     assert e.gpu["activations"] > int(2 * layer)                 # more than the formula says
     assert e.gpu["allocator's cache"] == int(CACHE_SHARE * (int(layer) + e.gpu["logits"]))
+    # (its peak is the loss's: the first gradients are made in the loss's freed buffers)
+    assert e.gpu["gradients in flight"] > 0
+    assert e.gpu["logits"] == max(0, 2 * 16 * 128 * (2 + 4 + 4) - e.gpu["gradients in flight"])
     assert estimate(model, autocast=False, **common).gpu["activations"] == \
         int(decoder_trace(model, 2, 16, torch.float32).saved + 2 * layer)
     assert ran == [] and all(torch.equal(p, before[n]) for n, p in model.named_parameters())
