@@ -957,7 +957,7 @@ MUTANTS = [
      "                pass",
      ["tests/python/test_gpu_bound.py::test_a_gpt2_stepped_on_the_host_stays_within_its_bound"]),
     ("the estimate caches half of a decoder's saved activations too", "torch_uvm/estimate.py",
-     "            if decoder is not None:  # (read, they stay from forward to backward: no cache;\n                return int(layer)    #  checkpointed, each layer's work comes and goes again)\n",
+     "                return int(layer)\n",
      "",
      ["tests/python/test_estimate.py::test_a_model_trained_without_checkpointing_is_estimated_from_its_own_forward"]),
     ("a config trained without checkpointing is estimated by the formula", "torch_uvm/estimate.py",

@@ -492,13 +492,15 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
                 saved = min(saved, 2 * ACTIVATIONS_WINDOW)
             parts["activations"] = int(saved + layer)
             parts["logits"] = tokens * V * (act + 4 + 4)
-            if decoder is not None:  # (read, they stay from forward to backward: no cache;
-                # the peak is the loss's, before any weight's gradient, which are then made
+            if decoder is not None:
+                # The peak is the loss's, before any weight's gradient, which are then made
                 # in its freed buffers: the logits count beyond the gradients in flight.
-                # GPT-2 1.2B allocated 12.50 GiB at its peak whether its budget was 4 or
-                # 2.28 GiB, against 11.92 of activations and 1.15 of logits traced)
+                # (GPT-2 1.2B allocated 12.50 GiB at its peak whether its budget was 4 or
+                # 2.28 GiB, against 11.92 of activations and 1.15 of logits traced.)
                 parts["logits"] = max(0, parts["logits"] - parts["gradients in flight"])
-                return int(layer)    #  checkpointed, each layer's work comes and goes again)
+                # (read, the saved activations stay from forward to backward: no cache;
+                # checkpointed, each layer's work comes and goes again)
+                return int(layer)
         else:
             parts["activations"] = int(layer)
             parts["logits"] = batch * V * (act + 4)
