@@ -100,12 +100,14 @@ def rank_main(variant: str, shape: str, out: str) -> None:
                         bf16="_bf16" in variant, pin_memory=cuda,
                         mesh=None if cuda else init_device_mesh("cpu", (dist.get_world_size(),)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
-    host_threads = None
+    host_threads = shard_steps = None
     if variant.endswith("_uvm_steps"):
         import torch_uvm.fsdp
-        host_threads = torch_uvm.fsdp.step_in_backward(model, optimizer).threads
-    losses, times = [], []
+        shard_steps = torch_uvm.fsdp.step_in_backward(model, optimizer)
+        host_threads = shard_steps.threads
+    losses, times, worker = [], [], []
     for _ in range(STEPS):
+        before = shard_steps.stats() if shard_steps else None
         if cuda:
             torch.cuda.synchronize()
         dist.barrier()
@@ -116,11 +118,15 @@ def rank_main(variant: str, shape: str, out: str) -> None:
         optimizer.zero_grad()
         losses.append(loss.item())
         times.append(time.perf_counter() - t0)
+        if shard_steps:      # (the host worker's seconds and the caller's wait, this step)
+            after = shard_steps.stats()
+            worker.append({k: after[k] - before[k] for k in after})
     if gpu is not None:
         gpu.__exit__(None, None, None)
     import offload_llama
     mine = {"rank": dist.get_rank(), "losses": losses, "times_s": times,
             "threads": torch.get_num_threads(), "host_step_threads": host_threads,
+            "host_worker": worker,
             "process_gpu_memory": gpu.result() if gpu is not None else None,
             "host_peak_bytes": offload_llama.host_peak_bytes()}
     ranks = [None] * dist.get_world_size()
@@ -227,6 +233,20 @@ def report(runs: dict, rates: list, gpus: int, out: str, shape: str = "3b") -> d
         print(f"| {v} | {tps['median']:.0f} ({tps['min']:.0f}–{tps['max']:.0f}) | "
               f"{secs['median']:.3f} | {x_cell} | {gpu_cell} | "
               f"{method.gib_cell(host_peak)} GiB | {same_cell} |")
+    for v, rs in runs.items():        # where a host worker's step time went
+        steady = [w for r in rs if r for rank in r["ranks"]
+                  for w in (rank.get("host_worker") or [])[1:]]
+        if steady:
+            host = method.summarize([w["host_seconds"] for w in steady])
+            waited = method.summarize([w["waited_seconds"] for w in steady])
+            threads = sorted({rank.get("host_step_threads") for r in rs if r
+                              for rank in r["ranks"]})
+            table[v]["host_worker"] = {"host_seconds": host, "waited_seconds": waited,
+                                       "threads": threads}
+            print(f"  {v}: each rank's worker stepped its groups in {host['median']:.3f} s a "
+                  f"step ({host['min']:.3f}–{host['max']:.3f}) on {threads} threads; the "
+                  f"rank's thread waited {waited['median']:.3f} s for them "
+                  f"({waited['min']:.3f}–{waited['max']:.3f})")
     compared = {f"{v} / {t}, s a step": method.ratio(
         [r and r["s_per_step"] for r in runs[v]], [r and r["s_per_step"] for r in runs[t]])
         for v, t in TWINS.items() if v in runs and t in runs}

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 import weakref
 from typing import List, Tuple
 
@@ -93,6 +94,8 @@ class ShardSteps:
         self._on_host = [all(p.device.type == "cpu" for p in ps) for ps in self.params]
         self._worker = None
         self._queued: List[concurrent.futures.Future] = []
+        # what the host's steps took, and what the caller waited for them (stats())
+        self._host_steps, self._host_seconds, self._waited_seconds = 0, 0.0, 0.0
         self._stepping = threading.Lock()     # one narrowed step, or one let go, at a time
         # the rank's GPU (set before fully_shard, as FSDP2 reads it): where a
         # gradient's copy home runs, which the host's step waits for
@@ -189,9 +192,19 @@ class ShardSteps:
             if ready is not None:
                 ready.synchronize()
             torch.set_num_threads(self.threads)   # (a new thread's are not the rank's share)
+            start = time.perf_counter()
             self._step(unit)
             self._let_go(unit)
+            self._host_seconds += time.perf_counter() - start     # (this thread's alone)
+            self._host_steps += 1
         self._queued.append(self._worker.submit(work))
+
+    def stats(self) -> dict:
+        """Since install: the groups stepped on the host's worker, the
+        seconds those steps took there, and the seconds the next forward,
+        ``optimizer.step()`` and ``zero_grad()`` waited for them."""
+        return {"host_steps": self._host_steps, "host_seconds": self._host_seconds,
+                "waited_seconds": self._waited_seconds}
 
     def pending(self) -> int:
         """The host's steps queued and not yet done."""
@@ -203,7 +216,10 @@ class ShardSteps:
         may take gradients), the failed groups keep their gradients and
         their weights, and another optimizer.step() steps them again."""
         queued, self._queued = self._queued, []
+        start = time.perf_counter()
         failed = [e for e in (f.exception() for f in queued) if e is not None]  # (each waits)
+        if queued:
+            self._waited_seconds += time.perf_counter() - start
         if failed:
             self.lifecycle.step_ends()
             raise failed[0]
