@@ -29,6 +29,10 @@ hook first (the gradient's copy home among it). The next forward, before
 FSDP2 gathers anything, and ``optimizer.step()`` wait for every queued step
 (and raise its error, if one failed).
 
+Accumulation is FSDP2's own: its gradient sync off for every micro-batch
+but the last (``model.set_requires_gradient_sync(False)``), so nothing is
+reduced, and nothing steps, until the last backward.
+
 So, as under an offload's ``step_in_backward``:
 - PyTorch's clipping of those parameters raises;
 - a forward with gradients before ``optimizer.step()`` (accumulation)
@@ -145,8 +149,10 @@ class ShardSteps:
                 "torch_uvm: a forward with gradients before optimizer.step(): its param "
                 "groups stepped in the last backward already (fsdp.step_in_backward), so "
                 "gradients cannot accumulate over backwards. Call optimizer.step() after each "
-                "backward, or run this forward under torch.no_grad(); to accumulate, step "
-                "after backward (without fsdp.step_in_backward)")
+                "backward, or run this forward under torch.no_grad(); to accumulate, turn "
+                "FSDP2's gradient sync off for every micro-batch but the last "
+                "(model.set_requires_gradient_sync(False)): nothing steps until the last "
+                "backward reduces")
 
     def gradient(self, unit: int, param: torch.Tensor) -> None:
         """One of the unit's reduced gradients is in (FSDP2's hook, in the

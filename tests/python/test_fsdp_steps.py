@@ -1,7 +1,9 @@
 """torch_uvm.fsdp.step_in_backward on two CPU ranks (gloo), as FSDP2 users
 write it: each param group steps as its reduced gradients complete, and the
 losses, parameters and optimizer states equal FSDP2's own step after
-backward, bit for bit. Clipping, accumulation and a closure are refused."""
+backward, bit for bit. Accumulation FSDP2's way (its gradient sync off but
+for the last micro-batch) steps as FSDP2 does; clipping, accumulation with
+the sync on, and a closure are refused."""
 import os
 import socket
 import traceback
@@ -151,6 +153,30 @@ def worker(rank, world, port, queue):
                 o.zero_grad()
             return [p.full_tensor() for p in m.parameters()]
         out["thaw_equal"] = all(torch.equal(a, b) for a, b in zip(thawed(True), thawed(False)))
+
+        def accumulated(ours):
+            """Two micro-batches a step, FSDP2's way: its gradient sync off
+            for the first (nothing reduced, so nothing steps), on for the
+            last (each group steps as its reduced gradients complete)."""
+            m = make(mesh)
+            o = torch.optim.AdamW(m.parameters(), lr=0.05)
+            if ours:
+                s = tfsdp.step_in_backward(m, o)
+            torch.manual_seed(30 + rank)
+            stepped = []
+            for _ in range(2):
+                m.set_requires_gradient_sync(False)
+                m(torch.randn(4, 8)).square().mean().backward()
+                if ours:
+                    stepped.append(s.lifecycle.stepped_in_backward())
+                m.set_requires_gradient_sync(True)
+                m(torch.randn(4, 8)).square().mean().backward()
+                o.step()
+                o.zero_grad()
+            return [p.full_tensor() for p in m.parameters()], stepped
+        (ours, stepped), (theirs, _) = accumulated(True), accumulated(False)
+        out["accumulated_equal"] = all(torch.equal(a, b) for a, b in zip(ours, theirs))
+        out["accumulated_first_stepped"] = stepped
         dist.destroy_process_group()
     except BaseException:
         out["error"] = traceback.format_exc()
@@ -191,6 +217,12 @@ def test_what_the_optimizer_does_not_hold_and_a_part_thawed_later_step_as_fsdp2_
     for out in ranks.values():
         assert out["kept_other_grad"]      # not the optimizer's: its gradient stays
         assert out["thaw_equal"]           # waited for once it requires grad
+
+
+def test_accumulation_with_fsdp2s_gradient_sync_off_steps_as_fsdp2_steps(ranks):
+    for out in ranks.values():
+        assert out["accumulated_first_stepped"] == [[], []]   # nothing reduced, nothing stepped
+        assert out["accumulated_equal"]
 
 
 def test_clipping_accumulation_and_a_closure_are_refused(ranks):
