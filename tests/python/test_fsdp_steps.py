@@ -174,6 +174,22 @@ def worker(rank, world, port, queue):
                 o.step()
                 o.zero_grad()
             return [p.full_tensor() for p in m.parameters()], stepped
+        def frozen(ours):
+            """A block frozen throughout and another frozen in part (its
+            weight): the rest steps, in backward, as FSDP2 steps it."""
+            m = make(mesh)
+            m[2].requires_grad_(False)
+            m[4].weight.requires_grad_(False)
+            o = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=0.05)
+            if ours:
+                tfsdp.step_in_backward(m, o)
+            torch.manual_seed(40 + rank)
+            for _ in range(2):
+                m(torch.randn(4, 8)).square().mean().backward()
+                o.step()
+                o.zero_grad()
+            return [p.full_tensor() for p in m.parameters()]
+        out["frozen_equal"] = all(torch.equal(a, b) for a, b in zip(frozen(True), frozen(False)))
         (ours, stepped), (theirs, _) = accumulated(True), accumulated(False)
         out["accumulated_equal"] = all(torch.equal(a, b) for a, b in zip(ours, theirs))
         out["accumulated_first_stepped"] = stepped
@@ -223,6 +239,11 @@ def test_accumulation_with_fsdp2s_gradient_sync_off_steps_as_fsdp2_steps(ranks):
     for out in ranks.values():
         assert out["accumulated_first_stepped"] == [[], []]   # nothing reduced, nothing stepped
         assert out["accumulated_equal"]
+
+
+def test_frozen_blocks_and_parts_leave_the_rest_stepping_as_fsdp2_steps(ranks):
+    for out in ranks.values():
+        assert out["frozen_equal"]
 
 
 def test_clipping_accumulation_and_a_closure_are_refused(ranks):
