@@ -14,7 +14,11 @@ the variants interleaved round by round:
   (torch_uvm.fsdp.step_in_backward): the same arithmetic, checked bit for bit;
 - the two again with FSDP2's MixedPrecisionPolicy (_bf16: bf16 gathered and
   computed, fp32 reduced);
-- fsdp2_resident: FSDP2 without offload, where it fits (more memory).
+- fsdp2_resident: FSDP2 without offload, where it fits (more memory);
+- deepspeed_zero3_offload_bf16: DeepSpeed ZeRO-3 with parameters and
+  optimizer offloaded (pinned), bf16 gathered and computed over fp32
+  master weights, DeepSpeedCPUAdam, at most DEEPSPEED_LIVE elements live;
+  its wheels are carried (docs/development.md). Not yet run.
 
 The model: a Llama of offload_llama's shapes (fp32 master weights, bf16
 autocast, activation checkpointing), batch 4 x 1024 tokens on every rank.
@@ -46,7 +50,10 @@ import method  # noqa: E402
 
 VARIANTS = ["fsdp2_cpu_offload", "fsdp2_cpu_offload_uvm_steps",
             "fsdp2_cpu_offload_bf16", "fsdp2_cpu_offload_bf16_uvm_steps"]
-EXTRA = ["fsdp2_resident"]
+# (DeepSpeed comes as wheels: docs/development.md; its CPU Adam compiles at first use)
+EXTRA = ["fsdp2_resident", "deepspeed_zero3_offload_bf16"]
+# DeepSpeed ZeRO-3's live parameters, in elements (stage3_max_live_parameters)
+DEEPSPEED_LIVE = 1 << 30
 # each variant stepped in backward by torch_uvm, and FSDP2's own: bit for bit
 TWINS = {"fsdp2_cpu_offload_uvm_steps": "fsdp2_cpu_offload",
          "fsdp2_cpu_offload_bf16_uvm_steps": "fsdp2_cpu_offload_bf16"}
@@ -93,13 +100,24 @@ def rank_main(variant: str, shape: str, out: str) -> None:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
     model, x, loss_fn = build(shape, device)
-    if variant == "fsdp2_resident":
-        model.to(device)
-    from torch.distributed.device_mesh import init_device_mesh
-    offload_train.shard(model, offload=variant.startswith("fsdp2_cpu_offload"),
-                        bf16="_bf16" in variant, pin_memory=cuda,
-                        mesh=None if cuda else init_device_mesh("cpu", (dist.get_world_size(),)))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
+    weights = sum(p.numel() for p in model.parameters()) * 4     # (before ZeRO-3 partitions)
+    if variant.startswith("deepspeed"):
+        # ZeRO-3 with parameters and optimizer offloaded, bf16 gathered and computed,
+        # fp32 master weights and states (offload_train.deepspeed_config: its docs' tuning)
+        import deepspeed
+        config = offload_train.deepspeed_config(3, DEEPSPEED_LIVE * 4, model.config.hidden_size,
+                                                LR, bf16=True)
+        model, optimizer, _, _ = deepspeed.initialize(model=model, config=config,
+                                                      model_parameters=model.parameters())
+    else:
+        if variant == "fsdp2_resident":
+            model.to(device)
+        from torch.distributed.device_mesh import init_device_mesh
+        offload_train.shard(model, offload=variant.startswith("fsdp2_cpu_offload"),
+                            bf16="_bf16" in variant, pin_memory=cuda,
+                            mesh=None if cuda else init_device_mesh("cpu",
+                                                                    (dist.get_world_size(),)))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
     host_threads = shard_steps = None
     if variant.endswith("_uvm_steps"):
         import torch_uvm.fsdp
@@ -113,9 +131,13 @@ def rank_main(variant: str, shape: str, out: str) -> None:
         dist.barrier()
         t0 = time.perf_counter()
         loss = loss_fn(model)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        if variant.startswith("deepspeed"):      # the engine's own (it zeroes the gradients)
+            model.backward(loss)
+            model.step()
+        else:
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
         losses.append(loss.item())
         times.append(time.perf_counter() - t0)
         if shard_steps:      # (the host worker's seconds and the caller's wait, this step)
@@ -133,7 +155,6 @@ def rank_main(variant: str, shape: str, out: str) -> None:
     dist.all_gather_object(ranks, mine)
     if dist.get_rank() == 0:
         steady = sorted(max(r["times_s"][i] for r in ranks) for i in range(1, STEPS))
-        weights = sum(p.numel() for p in model.parameters()) * 4
         with open(out, "w") as f:
             json.dump({"variant": variant, "world": dist.get_world_size(), "ranks": ranks,
                        "s_per_step": steady[len(steady) // 2], "weights_bytes": weights,
