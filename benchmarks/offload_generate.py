@@ -9,7 +9,9 @@ all resident; torch_uvm.offload in its auto mode (at batch 1 whichever of
 in place and prefetch moves the streamed bytes sooner: prefetch for this
 model), in place (_in_place) and in prefetch mode (streamed layers copied
 into GPU memory one submodule ahead, or two: _ahead2); accelerate
-dispatch_model with the same GPU share. Tokens/s; every run's tokens are
+dispatch_model with the same GPU share; and torch_uvm_bound_<G>GiB,
+offload(gpu_memory=G GiB), a bound on the whole process within which
+torch_uvm chooses the budget (its whole peak reported beside the bound). Tokens/s; every run's tokens are
 checked equal to all-resident's (which every run includes).
 
 The link limit is the least any placement must move: each token reads every
@@ -42,7 +44,8 @@ MiB, GiB = 1 << 20, 1 << 30
 GEN_BUDGET, PROMPT, NEW_TOKENS = 3 * GiB // 2, 32, 32
 PLAN = {"generate": ["pinned_rate", "resident", "torch_uvm_offload", "torch_uvm_offload_in_place",
                      "torch_uvm_offload_prefetch",
-                     "torch_uvm_offload_prefetch_ahead2", "accelerate_dispatch"]}
+                     "torch_uvm_offload_prefetch_ahead2", "accelerate_dispatch",
+                     "torch_uvm_bound_2GiB"]}
 
 
 def gpt2():
@@ -65,6 +68,10 @@ def run_generate(variant):
     with gpu:
         result = measure(variant)
     result["process_gpu_memory"] = gpu.result()
+    if result.get("bound_bytes") and result["process_gpu_memory"]:   # against the whole process
+        import torch
+        result["process_gpu_at_start_bytes"] = torch.cuda.mem_get_info()[1] - gpu.baseline_free
+        result["gpu_peak_run_bytes"] = result["process_gpu_memory"]["peak_bytes"]
     return result
 
 
@@ -84,6 +91,12 @@ def measure(variant):
             "in_place" if variant.endswith("_in_place") else "auto"
         handle = torch_uvm.offload(model, budget=GEN_BUDGET, device="cuda", mode=mode,
                                    ahead=2 if variant.endswith("_ahead2") else 1)
+    elif variant.startswith("torch_uvm_bound_"):   # the budget chosen within the bound
+        torch.cuda.empty_cache()      # (what building the model left cached is not the process's)
+        bound = int(method.variant_bound_gib(variant) * GiB)
+        handle = torch_uvm.offload(model, gpu_memory=bound, device="cuda", mode="auto",
+                                   batch=1, seq=PROMPT + NEW_TOKENS)
+        extra.update(bound_bytes=bound, budget_bytes=handle.state.bound.budget)
     elif variant == "accelerate_dispatch":
         from accelerate import dispatch_model
         per_block = sum(p.numel() * 2 for p in model.transformer.h[0].parameters())
@@ -113,7 +126,7 @@ def measure(variant):
     if where and variant != "accelerate_dispatch":
         os.makedirs(where, exist_ok=True)
         extra["profile"] = method.profiled(generate, os.path.join(where, f"generate_{variant}.json"))
-    if variant.startswith("torch_uvm_offload"):
+    if variant.startswith(("torch_uvm_offload", "torch_uvm_bound_")):
         s = handle.residency_stats()
         peak = s["resident_bytes.peak"]
         # the slots' device memory, measured apart from the budget's books
@@ -145,7 +158,8 @@ def rows(runs, rates):
             continue
         tokens = [r["tokens_per_s"] if r else None for r in rs]
         weights = ok[-1]["weights_bytes"]
-        least = method.least_generation_bytes(weights, GEN_BUDGET)
+        budget = ok[-1].get("budget_bytes") or GEN_BUDGET    # (a bound's: the one it chose)
+        least = method.least_generation_bytes(weights, budget)
         plan = ok[-1]["streamed_bytes_per_token"]
         row = {**{k: ok[-1][k] for k in ok[-1] if k not in ("tokens", "process_gpu_memory")},
                "tokens_per_s": method.summarize([r["tokens_per_s"] for r in ok]),
@@ -154,7 +168,7 @@ def rows(runs, rates):
                "least_bytes_per_token": least}
         row["same_tokens"] = row["outputs"]["same"]
         if v != "resident":   # all-resident streams nothing: no link bounds it
-            limits = [method.least_generation_limit(weights, GEN_BUDGET, rate) if rate else None
+            limits = [method.least_generation_limit(weights, budget, rate) if rate else None
                       for rate in rates]
             row["link_limit_tokens_per_s"] = method.summarize([x for x in limits if x])
             row["of_limit"] = method.ratio(tokens, limits, target=0.85, lower_is_better=False)
@@ -210,6 +224,9 @@ def main():
               f"{row['peak_resident_bytes'] / MiB:.0f} MiB"
               f"{f' ({slots / MiB:.0f})' if slots is not None else ''} | {own} | "
               f"{method.describe_check(row['outputs'])} |")
+    for v, row in tables.items():
+        if row.get("bound_bytes"):
+            method.report_bound(row, [r for r in runs[v] if r])
     compared = {}
     for v, row in tables.items():
         if v.startswith("torch_uvm") and row.get("of_limit"):

@@ -229,6 +229,31 @@ def test_the_generation_run_prints_and_records_the_least_limit(tmp_path, monkeyp
     assert headline and saved["comparisons"][headline[0]]["median"] == pytest.approx(24.0 / least)
 
 
+def test_a_generation_under_a_bound_is_held_to_the_budget_it_chose_and_its_whole_peak(
+        tmp_path, monkeypatch, capsys):
+    """torch_uvm_bound_<G>GiB (offload(gpu_memory=G)): its limit is the
+    budget the bound chose, not the benchmark's, and the report gives the
+    whole process's peak (CUDA's start and the run's) beside the bound."""
+    bound = {**fake_generate_run([1, 2, 3], 24.0, 2 * GiB), "bound_bytes": 2 * GiB,
+             "budget_bytes": GiB, "process_gpu_at_start_bytes": GiB // 2,
+             "gpu_peak_run_bytes": GiB}
+    runs = {"pinned_rate": [{"h2d_gbps": 45.0}],
+            "resident": [fake_generate_run([1, 2, 3], 100.0, 0)],
+            "torch_uvm_bound_2GiB": [bound]}
+    monkeypatch.setattr(method, "scenario_runs", lambda *a, **k: {"generate": runs})
+    monkeypatch.setattr(offload_generate, "plot", lambda tables, path: None)
+    monkeypatch.setattr(sys, "argv", ["offload_generate.py", "--out", str(tmp_path)])
+    offload_generate.main()
+    out = capsys.readouterr().out
+    least = 45e9 / (3 * GiB - GiB)                 # the weights less the budget it chose
+    row = [line for line in out.splitlines() if line.startswith("| torch_uvm_bound_2GiB |")][0]
+    assert f"| {least:.1f} | {24.0 / least:.2f} |" in row
+    assert "gpu_memory 2.00 GiB: the process's peak 1.50 GiB" in out
+    saved = json.load(open(tmp_path / "offload_generate.json"))
+    assert saved["tables"]["torch_uvm_bound_2GiB"]["process_gpu_whole_peak_bytes"] == 3 * GiB // 2
+    assert "torch_uvm_bound_2GiB" in offload_generate.PLAN["generate"]
+
+
 def test_the_training_run_records_both_limits_and_the_checks(tmp_path, monkeypatch, capsys):
     runs = {"mlp": {"pinned_rate": [{"h2d_gbps": 50.0, "d2h_gbps": 40.0}] * 2,
                     "resident": [fake_train_run([1.0, 0.5], 0.02)] * 2,
