@@ -18,7 +18,10 @@ the variants interleaved round by round:
 - deepspeed_zero3_offload_bf16: DeepSpeed ZeRO-3 with parameters and
   optimizer offloaded (pinned), bf16 gathered and computed over fp32
   master weights, DeepSpeedCPUAdam, at most DEEPSPEED_LIVE elements live;
-  its wheels are carried (docs/development.md). Not yet run.
+  its wheels are carried (docs/development.md). DeepSpeed's engine turns
+  the outer autocast off (no torch_autocast section): its model computes in
+  bf16 throughout, near but not the arithmetic of the _bf16 variants. Not
+  yet run.
 
 The model: a Llama of offload_llama's shapes (fp32 master weights, bf16
 autocast, activation checkpointing), batch 4 x 1024 tokens on every rank.
@@ -260,8 +263,8 @@ def report(runs: dict, rates: list, gpus: int, out: str, shape: str = "3b") -> d
         if steady:
             host = method.summarize([w["host_seconds"] for w in steady])
             waited = method.summarize([w["waited_seconds"] for w in steady])
-            threads = sorted({rank.get("host_step_threads") for r in rs if r
-                              for rank in r["ranks"]})
+            threads = sorted({rank["host_step_threads"] for r in rs if r for rank in r["ranks"]
+                              if rank.get("host_step_threads") is not None})
             table[v]["host_worker"] = {"host_seconds": host, "waited_seconds": waited,
                                        "threads": threads}
             print(f"  {v}: each rank's worker stepped its groups in {host['median']:.3f} s a "

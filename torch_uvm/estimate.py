@@ -26,9 +26,9 @@ each comes from):
   only for eager attention), scaled to the activations' element size.
 * **logits**: ``batch x seq x vocab`` in the activations' dtype, upcast to
   fp32 for the loss, and its gradient (training); the last token's alone
-  (generation). A decoder trained without checkpointing peaks at its loss,
-  before any weight's gradient exists: its logits count only beyond the
-  gradients in flight, which are made in their freed memory.
+  (generation). A decoder trained without checkpointing peaks about its
+  loss, and the weights' gradients are made as the loss's buffers are
+  freed: its logits count only beyond the gradients in flight.
 * **KV cache** (generation): ``2 x layers x batch x (seq + new_tokens) x
   kv_heads x head_dim``.
 * **allocator's cache and workspaces**: what the runs measured beside
@@ -73,8 +73,9 @@ GiB = 1 << 30
 # Measured beside the tensors, on H100s and H200s (benchmarks/results):
 # the allocator's cache as a share of the activations' and logits' peak
 # (the 3B full fine-tune: 1.65 GiB cached beside 3.14 GiB allocated; GPT-2
-# 1.2B without checkpointing, whose saved activations stay: 1.42 GiB beside
-# 12.5 GiB, so there a share of one layer's work and the logits), and
+# 1.2B without checkpointing, whose saved activations stay: 1.29 GiB beside
+# 12.5 GiB with its step on the GPU, 0.39 GiB with the host's, so there a
+# share of one layer's work and the logits beyond the gradients), and
 # what no books hold (cuBLAS's workspaces, segments' rounding).
 CACHE_SHARE = 0.5
 RUNTIME_BYTES = GiB // 4
@@ -493,8 +494,8 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
             parts["activations"] = int(saved + layer)
             parts["logits"] = tokens * V * (act + 4 + 4)
             if decoder is not None:
-                # The peak is the loss's, before any weight's gradient, which are then made
-                # in its freed buffers: the logits count beyond the gradients in flight.
+                # The peak is about the loss; the weights' gradients are made as its
+                # buffers are freed: the logits count beyond the gradients in flight.
                 # (GPT-2 1.2B allocated 12.50 GiB at its peak whether its budget was 4 or
                 # 2.28 GiB, against 11.92 of activations and 1.15 of logits traced.)
                 parts["logits"] = max(0, parts["logits"] - parts["gradients in flight"])

@@ -88,6 +88,9 @@ class ShardSteps:
                  groups: List[Tuple[str, List[torch.nn.Parameter]]], threads: int = 0):
         self.model, self.optimizer = model, optimizer
         self.threads = threads     # the host worker's (host_step.rank_threads()); 0: none
+        # (torch.set_num_threads also sets the count a thread takes at its first
+        # parallel op: the worker gives the rank's back after each step)
+        self._rank_threads = torch.get_num_threads()
         self.names = [n for n, _ in groups]
         self.params = [ps for _, ps in groups]
         self.lifecycle = _C.UnitLifecycle(self.names)
@@ -197,10 +200,15 @@ class ShardSteps:
         def work():
             if ready is not None:
                 ready.synchronize()
-            torch.set_num_threads(self.threads)   # (a new thread's are not the rank's share)
+            if self.threads > 0:       # (a new thread's are not the rank's share)
+                torch.set_num_threads(self.threads)
             start = time.perf_counter()
-            self._step(unit)
-            self._let_go(unit)
+            try:
+                self._step(unit)
+                self._let_go(unit)
+            finally:
+                if self.threads > 0:
+                    torch.set_num_threads(self._rank_threads)
             self._host_seconds += time.perf_counter() - start     # (this thread's alone)
             self._host_steps += 1
         self._queued.append(self._worker.submit(work))

@@ -130,7 +130,10 @@ def rank_threads() -> int:
     (fsdp.step_in_backward): TORCH_UVM_HOST_STEP_THREADS, else the rank's
     share of the cores it may run on, but two (left to its launching thread,
     as in threads()). The ranks on this host: LOCAL_WORLD_SIZE (torchrun,
-    accelerate and Lightning set it), else the default process group's size.
+    accelerate and Lightning set it), else the default process group's size
+    (over several hosts, more than this host's: fewer threads, never too
+    many). A rank already bound to some of the cores (taskset, Slurm,
+    numactl) takes those it is bound to.
     Not PyTorch's intra-op threads: torchrun sets OMP_NUM_THREADS=1 for each
     rank, and the host's AdamW on one thread would be most of a step. (On
     two H200s of 32 cores, 2026-11-29, a worker on PyTorch's threads (each
@@ -140,12 +143,18 @@ def rank_threads() -> int:
     chosen = _C.offload_environment()["host_step_threads"]
     if chosen:
         return chosen
-    ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or 0)
+    local = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    if local and not (local.isdigit() and int(local) >= 1):
+        raise ValueError(f"torch_uvm: LOCAL_WORLD_SIZE is the number of ranks on this host, a "
+                         f"whole number of at least 1; got {local!r}")
+    ranks = int(local or 0)
     if ranks < 1:
         import torch.distributed as dist
         ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // ranks - 2)
+    cores = os.cpu_count() or 1
+    mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
+    share = mine if mine < cores else cores // ranks     # (bound already: its own cores)
+    return max(1, share - 2)
 
 
 def copies_share() -> float:

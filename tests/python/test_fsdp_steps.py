@@ -171,6 +171,8 @@ def worker(rank, world, port, queue):
                     stepped.append(s.lifecycle.stepped_in_backward())
                 m.set_requires_gradient_sync(True)
                 m(torch.randn(4, 8)).square().mean().backward()
+                if ours:
+                    stepped.append(sorted(s.lifecycle.stepped_in_backward()))
                 o.step()
                 o.zero_grad()
             return [p.full_tensor() for p in m.parameters()], stepped
@@ -182,14 +184,19 @@ def worker(rank, world, port, queue):
             m[4].weight.requires_grad_(False)
             o = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=0.05)
             if ours:
-                tfsdp.step_in_backward(m, o)
+                s = tfsdp.step_in_backward(m, o)
             torch.manual_seed(40 + rank)
+            stepped = []
             for _ in range(2):
                 m(torch.randn(4, 8)).square().mean().backward()
+                if ours:
+                    stepped.append(sorted(s.names[u] for u in s.lifecycle.stepped_in_backward()))
                 o.step()
                 o.zero_grad()
-            return [p.full_tensor() for p in m.parameters()]
-        out["frozen_equal"] = all(torch.equal(a, b) for a, b in zip(frozen(True), frozen(False)))
+            return [p.full_tensor() for p in m.parameters()], stepped
+        (ours, stepped), (theirs, _) = frozen(True), frozen(False)
+        out["frozen_equal"] = all(torch.equal(a, b) for a, b in zip(ours, theirs))
+        out["frozen_stepped"] = stepped
         (ours, stepped), (theirs, _) = accumulated(True), accumulated(False)
         out["accumulated_equal"] = all(torch.equal(a, b) for a, b in zip(ours, theirs))
         out["accumulated_first_stepped"] = stepped
@@ -237,13 +244,15 @@ def test_what_the_optimizer_does_not_hold_and_a_part_thawed_later_step_as_fsdp2_
 
 def test_accumulation_with_fsdp2s_gradient_sync_off_steps_as_fsdp2_steps(ranks):
     for out in ranks.values():
-        assert out["accumulated_first_stepped"] == [[], []]   # nothing reduced, nothing stepped
+        # nothing reduced, nothing stepped; then every group, in the last backward
+        assert out["accumulated_first_stepped"] == [[], [0, 1, 2], [], [0, 1, 2]]
         assert out["accumulated_equal"]
 
 
 def test_frozen_blocks_and_parts_leave_the_rest_stepping_as_fsdp2_steps(ranks):
     for out in ranks.values():
         assert out["frozen_equal"]
+        assert out["frozen_stepped"] == [["0", "4"]] * 2    # in backward; "2" is frozen whole
 
 
 def test_clipping_accumulation_and_a_closure_are_refused(ranks):

@@ -98,7 +98,9 @@ def test_the_host_steps_threads_leave_two_cores_or_follow_the_variable(monkeypat
 def test_a_ranks_host_step_takes_its_share_of_the_cores_but_two_or_follows_the_variable(
         monkeypatch):
     monkeypatch.delenv(host_step.THREADS_VARIABLE, raising=False)
-    monkeypatch.setattr(host_step.os, "sched_getaffinity", lambda _pid: set(range(32)))
+    bound = set(range(32))
+    monkeypatch.setattr(host_step.os, "cpu_count", lambda: 32)
+    monkeypatch.setattr(host_step.os, "sched_getaffinity", lambda _pid: bound)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")            # (torchrun's, for each rank)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert host_step.rank_threads() == 14
@@ -106,8 +108,19 @@ def test_a_ranks_host_step_takes_its_share_of_the_cores_but_two_or_follows_the_v
     assert host_step.rank_threads() == 2
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")
     assert host_step.rank_threads() == 1                   # (at least one)
+    bound = set(range(8))                                  # a rank bound to 8 cores: those
+    assert host_step.rank_threads() == 6
+    bound = set(range(32))
+    for bad in ("two", "0", "-1"):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", bad)
+        with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE is the number of ranks"):
+            host_step.rank_threads()
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert host_step.rank_threads() == 30                  # (no process group: one rank)
+    import torch.distributed as dist                       # (else the process group's ranks)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 4)
+    assert host_step.rank_threads() == 6
     monkeypatch.setenv(host_step.THREADS_VARIABLE, "3")
     assert host_step.rank_threads() == 3
     monkeypatch.setenv(host_step.THREADS_VARIABLE, "many")
