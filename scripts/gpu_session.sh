@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs, in one place: build, GPU tests, benchmarks.
 #   bash scripts/gpu_session.sh [build] [test] [pytest] [bench] [offload] [demo] [stress] [sanitize] [soak] [smoke]
-#                               [differential] [trees]
+#                               [differential] [trees] [fsdp]
 #   (default: build test bench)
 # Logs go to $OUT (the device tool's folder) or results/ under the repo, and a
 # short summary is printed last. Never asks for more managed memory than a few
@@ -123,6 +123,17 @@ for stage in $stages; do
         grep -v "^    {" "$dir/$name.log" | tail -n 30
         tar czf "$OUT/offload_results.tgz" -C "$LOGS" offload   # after each: a cut run keeps it
       done
+      ;;
+    fsdp)  # issue 57: FSDP2's offload across FSDP_GPUS ranks (benchmarks/fsdp_offload.py),
+           # FSDP_ROUNDS a call, added to the rounds of earlier calls on this warm machine
+           # (kept in $LOGS/fsdp); FSDP_VARIANTS, FSDP_SHAPE; DeepSpeed from .whl
+      install_wheels
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      run fsdp timeout ${FSDP_LIMIT:-540} python3 benchmarks/fsdp_offload.py \
+          --gpus ${FSDP_GPUS:-2} --shape ${FSDP_SHAPE:-3b} --rounds ${FSDP_ROUNDS:-1} \
+          --timeout ${FSDP_TIMEOUT:-200} --append --out "$LOGS/fsdp" \
+          ${FSDP_VARIANTS:+--variants $FSDP_VARIANTS}
+      tar czf "$OUT/fsdp_results.tgz" -C "$LOGS" fsdp
       ;;
     demo)
       run demo python3 examples/demo.py
