@@ -359,6 +359,18 @@ def deepspeed_zero_offload(model, config):
     return engine
 
 
+def train_step(variant, model, optimizer, loss) -> None:
+    """The backward and the step of `loss`: a DeepSpeed variant's engine's
+    own (it zeroes the gradients), else the optimizer's, then zero_grad."""
+    if variant.startswith("deepspeed"):
+        model.backward(loss)
+        model.step()
+    else:
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
 def run(scenario, variant):
     """One variant in this process: its result, with the process's GPU memory
     measured by the driver around everything that touches the GPU."""
@@ -445,13 +457,7 @@ def measure(scenario, variant):
                               "zero_optimization": config["zero_optimization"]}
 
     def backward_and_step(loss):
-        if variant.startswith("deepspeed"):    # the engine's own (it zeroes the gradients)
-            model.backward(loss)
-            model.step()
-        else:
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
+        train_step(variant, model, optimizer, loss)
     losses, times = [], []
     before = None
     for step in range(conf["steps"]):
