@@ -246,6 +246,7 @@ class HostSteps:
         self.copies_cap: Optional[int] = None   # under gpu_memory, set by stream_optimizer
         self._home_stream = self._side = None   # the executor's, and one for the worker's reads
         self._threads = 0               # threads(), read at the first step
+        self._caller_threads = 0        # the caller's count then, given back after each step
         # what the host's steps took, and the caller's waits for them (stats())
         self._stepped = {"units": 0, "step_seconds": 0.0, "wait_seconds": 0.0,
                          "copy_wait_seconds": 0.0}
@@ -303,6 +304,7 @@ class HostSteps:
             self._limit_copies(executor, self.copies_limit(state.budget))
         if self._worker is None:
             self._threads = threads()
+            self._caller_threads = torch.get_num_threads()
             self._worker = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="torch_uvm_host_step")
         rank = state.forward_rank(unit)
@@ -359,7 +361,10 @@ class HostSteps:
         start = time.time_ns()
         try:
             torch.set_num_threads(self._threads)    # threads(): a new thread's default is every core
-            self._step(item.ready, item.work)
+            try:
+                self._step(item.ready, item.work)
+            finally:    # (set_num_threads also sets what threads started later take)
+                torch.set_num_threads(self._caller_threads)
         except BaseException as e:      # raised where it is waited for, naming its unit
             self._spans.append((item.name, start, time.time_ns()))
             item.future.set_exception(e if isinstance(e, Exception) else RuntimeError(repr(e)))

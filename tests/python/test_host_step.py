@@ -201,7 +201,7 @@ def test_a_step_whose_wait_for_the_gpu_fails_fails_itself_not_the_worker():
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         synchronize = query
     steps = host_step.HostSteps(torch.device("cuda", 0))
-    steps._threads = torch.get_num_threads()
+    steps._threads = steps._caller_threads = torch.get_num_threads()
     item = host_step._Queued(3, "layers.3", 3, [Broken()], [])
     steps._waiting.append(item)
     steps._pending.append(item)
@@ -211,6 +211,22 @@ def test_a_step_whose_wait_for_the_gpu_fails_fails_itself_not_the_worker():
                                            r"\(CUDA error: an illegal memory access"):
         steps.wait()
     assert not steps.pending
+
+
+def test_the_host_worker_gives_the_callers_thread_count_back_after_each_step():
+    # (torch.set_num_threads also sets the count threads started later take:
+    # left at the worker's, the rank's own threads would shrink to it)
+    before = torch.get_num_threads()
+    steps = host_step.HostSteps(torch.device("cuda", 0))
+    steps._threads, steps._caller_threads = 1, max(2, before)
+    item = host_step._Queued(0, "layers.0", 0, [], [])
+    steps._waiting.append(item)
+    steps._pending.append(item)
+    try:
+        steps._run_next()
+        assert item.future.done() and torch.get_num_threads() == max(2, before)
+    finally:
+        torch.set_num_threads(before)
 
 
 class _Event:
