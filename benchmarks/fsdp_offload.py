@@ -60,6 +60,8 @@ DEEPSPEED_LIVE = 1 << 30
 # each variant stepped in backward by torch_uvm, and FSDP2's own: bit for bit
 TWINS = {"fsdp2_cpu_offload_uvm_steps": "fsdp2_cpu_offload",
          "fsdp2_cpu_offload_bf16_uvm_steps": "fsdp2_cpu_offload_bf16"}
+# and the other offloading anchor of the same training (bf16 gathered, fp32 master)
+ANCHORS = {"fsdp2_cpu_offload_bf16_uvm_steps": "deepspeed_zero3_offload_bf16"}
 STEPS, BATCH, SEQ, LR = 5, 4, 1024, 1e-4
 
 
@@ -267,7 +269,7 @@ def report(runs: dict, rates: list, gpus: int, out: str, shape: str = "3b") -> d
                   f"({waited['min']:.3f}–{waited['max']:.3f})")
     compared = {f"{v} / {t}, s a step": method.ratio(
         [r and r["s_per_step"] for r in runs[v]], [r and r["s_per_step"] for r in runs[t]])
-        for v, t in TWINS.items() if v in runs and t in runs}
+        for v, t in [*TWINS.items(), *ANCHORS.items()] if v in runs and t in runs}
     method.print_comparisons(compared)
     os.makedirs(out, exist_ok=True)
     print("  (the link limit counts fp32 shards: for the _bf16 variants a cast made on the "
@@ -315,14 +317,16 @@ def main(argv=None):
     if args.append and os.path.exists(saved):      # the earlier rounds, paired as they ran
         with open(saved) as f:
             old = json.load(f)
-        rates = old["rates"]
-        runs = {v: old["runs"].get(v, [None] * len(rates)) for v in variants}
+        rates = old["rates"]    # (a variant this call does not run keeps its rounds)
+        runs = {**old["runs"], **{v: old["runs"].get(v, [None] * len(rates)) for v in variants}}
     t0, before = time.time(), len(rates)
     for r in range(before, before + args.rounds):   # the order rotated a place each round
         print(f"round {r + 1}/{before + args.rounds}", flush=True)
         rates.append(None if args.cpu else {**method.pinned_rate(), **method.host_adamw_rate()})
         for v in variants[r % len(variants):] + variants[:r % len(variants)]:
             runs[v].append(launch(v, args.gpus, args.shape, args.cpu, folder, args.timeout))
+        for v in set(runs) - set(variants):     # (not run this round: its place kept)
+            runs[v].append(None)
         report(runs, rates, args.gpus, args.out, args.shape)   # (a run cut short keeps its rounds)
     print(f"{len(variants)} variants x {args.rounds} rounds in {time.time() - t0:.0f} s")
 

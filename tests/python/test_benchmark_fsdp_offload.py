@@ -26,10 +26,13 @@ def test_the_offload_benchmark_runs_two_cpu_ranks_and_checks_the_twins(tmp_path,
     assert "| fsdp2_cpu_offload_uvm_steps |" in capsys.readouterr().out
     assert run["shape"] == "tiny" and all(r["threads"] >= 1 for r in run["ranks"])
     fsdp_offload.main(["--gpus", "2", "--cpu", "--shape", "tiny", "--rounds", "1", "--append",
-                       "--variants", "fsdp2_cpu_offload,fsdp2_cpu_offload_uvm_steps",
-                       "--out", str(tmp_path)])          # a second round, added
+                       "--variants", "fsdp2_cpu_offload",
+                       "--out", str(tmp_path)])          # a second round of one, added
     again = json.load(open(tmp_path / "fsdp_offload-2gpu-tiny.json"))
     assert len(again["runs"]["fsdp2_cpu_offload"]) == 2 and len(again["rates"]) == 2
+    kept = again["runs"]["fsdp2_cpu_offload_uvm_steps"]    # not run: its first round kept
+    assert len(kept) == 2 and kept[0] is not None and kept[1] is None
+    assert again["table"]["fsdp2_cpu_offload_uvm_steps"]["s_per_step"]["n"] == 1
 
 
 def test_a_twin_whose_losses_differ_is_reported_so(tmp_path):
@@ -43,3 +46,18 @@ def test_a_twin_whose_losses_differ_is_reported_so(tmp_path):
     fsdp_offload.report(runs, [None], 1, str(tmp_path), "3b")
     table = json.load(open(tmp_path / "fsdp_offload-1gpu-3b.json"))["table"]
     assert table["fsdp2_cpu_offload_uvm_steps"]["same_losses_as_twin"] is False
+
+
+def test_the_host_steps_are_compared_with_deepspeeds_offload_round_by_round(tmp_path):
+    def run(seconds):
+        return {"world": 1, "s_per_step": seconds, "weights_bytes": 1 << 30,
+                "tokens_per_step_per_rank": 4096,
+                "ranks": [{"rank": 0, "losses": [2.0], "process_gpu_memory": None,
+                           "host_peak_bytes": 1 << 30}]}
+    runs = {"fsdp2_cpu_offload_bf16_uvm_steps": [run(1.0), run(1.5)],
+            "deepspeed_zero3_offload_bf16": [run(2.0), None]}
+    fsdp_offload.report(runs, [None, None], 1, str(tmp_path), "3b")
+    compared = json.load(open(tmp_path / "fsdp_offload-1gpu-3b.json"))["comparisons"]
+    ratio = compared["fsdp2_cpu_offload_bf16_uvm_steps / deepspeed_zero3_offload_bf16, s a step"]
+    assert ratio["ratios"] == [0.5] and ratio["n"] == 1      # (a round without it: not paired)
+
