@@ -16,23 +16,58 @@ teardown moves the module to the CPU, which undoes the offload (the
 optimizers' states, in their homes, are CPU tensors already); the next
 ``fit`` (or ``validate``, ``test``, ``predict``, each pinning the homes
 anew) offloads it again. One strategy per Trainer, as Lightning's own.
+
+Data parallel over several GPUs, each rank streaming its own replica
+(docs/training.md): ``OffloadDDPStrategy``, Lightning's DDP strategy with
+each rank's module offloaded on its GPU before DDP wraps it:
+
+    trainer = L.Trainer(accelerator="gpu", devices=2,
+                        strategy=OffloadDDPStrategy(budget="8GiB"))
+
 Imports lightning: only for those who use it."""
 from __future__ import annotations
 
+from typing import Optional
+
 import lightning.pytorch as pl
-from lightning.pytorch.strategies import SingleDeviceStrategy
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
-from .strategy_settings import StrategySettings
+from .strategy_settings import Settings, StrategySettings
 from .offload import offload
 
 
-class OffloadStrategy(StrategySettings, SingleDeviceStrategy):
+class Offloading:
+    """What both of torch_uvm's Lightning strategies do: offload the module
+    where Lightning would move it, and stream every optimizer that
+    ``configure_optimizers`` returns (a Settings' `handle`, `stream`)."""
+
+    def model_to_device(self) -> None:
+        module = self.lightning_module
+        target = module.get_submodule(self.submodule) if self.submodule else module
+        # Still offloaded from an earlier fit (Lightning 2.x's teardown undoes it): undone
+        # first, so that no optimizer of that fit stays streamed beside the new ones
+        if self.handle is not None and self.handle.offloaded:
+            self.handle.undo()
+        self.handle = offload(target, budget=self.budget, device=self.root_device,
+                              **self.offload_options)
+        # the rest, and module.device; the offloaded part stays (a move that changes nothing)
+        module.to(self.root_device)
+
+    def setup_optimizers(self, trainer: "pl.Trainer") -> None:
+        super().setup_optimizers(trainer)
+        for optimizer in self.optimizers:      # (the handle is new: model_to_device made it)
+            self.handle.stream_optimizer(optimizer, **self.stream)
+
+
+class OffloadStrategy(Offloading, StrategySettings, SingleDeviceStrategy):
     """Settings as StrategySettings takes them (budget, device, submodule,
     step_in_backward, host_step, non_blocking, offload's others); the
     device defaults to the Trainer's one (``devices=[1]`` is cuda:1)."""
 
     strategy_name = "torch_uvm_offload"
+    SEVERAL = "Trainer(strategy=torch_uvm.lightning.OffloadDDPStrategy(...)) streams each " \
+              "rank's replica"
 
     def check(self, trainer: "pl.Trainer") -> None:
         """Refuses, before anything is offloaded, what a step in backward
@@ -59,23 +94,6 @@ class OffloadStrategy(StrategySettings, SingleDeviceStrategy):
                 f"{trainer.precision!r}: a step in backward would use gradients the loss scaler "
                 f"has scaled, before it checks them. Use bf16-mixed, or step_in_backward=False")
 
-    def model_to_device(self) -> None:
-        module = self.lightning_module
-        target = module.get_submodule(self.submodule) if self.submodule else module
-        # Still offloaded from an earlier fit (Lightning 2.x's teardown undoes it): undone
-        # first, so that no optimizer of that fit stays streamed beside the new ones
-        if self.handle is not None and self.handle.offloaded:
-            self.handle.undo()
-        self.handle = offload(target, budget=self.budget, device=self.root_device,
-                              **self.offload_options)
-        # the rest, and module.device; the offloaded part stays (a move that changes nothing)
-        module.to(self.root_device)
-
-    def setup_optimizers(self, trainer: "pl.Trainer") -> None:
-        super().setup_optimizers(trainer)
-        for optimizer in self.optimizers:      # (the handle is new: model_to_device made it)
-            self.handle.stream_optimizer(optimizer, **self.stream)
-
     def setup(self, trainer: "pl.Trainer") -> None:
         # Strategy.setup, but for the move of the optimizers' states to the GPU:
         # a streamed optimizer's states live in their homes
@@ -87,3 +105,45 @@ class OffloadStrategy(StrategySettings, SingleDeviceStrategy):
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()
+
+
+class OffloadDDPStrategy(Offloading, Settings, DDPStrategy):
+    """Lightning's DDP, each rank's module (or its `submodule`) offloaded on
+    the rank's GPU before DDP wraps it, and the optimizers streamed.
+    Settings as Settings takes them (budget, submodule, host_step,
+    non_blocking, offload's others); `ddp`: DDPStrategy's own arguments
+    (``process_group_backend``, ``find_unused_parameters``, ...). The steps
+    come after backward, once DDP has averaged the gradients:
+    ``step_in_backward=True`` is refused."""
+
+    strategy_name = "torch_uvm_offload_ddp"
+
+    def __init__(self, budget=None, submodule: Optional[str] = None,
+                 step_in_backward: bool = False, host_step: float = 0.0,
+                 non_blocking: bool = False, ddp: Optional[dict] = None, **offload_options):
+        if step_in_backward:
+            raise ValueError(
+                "torch_uvm: OffloadDDPStrategy(step_in_backward=True): each submodule would "
+                "step during backward on this rank's own gradients, before DDP averages them, "
+                "and the replicas would drift apart. Leave step_in_backward False (the steps "
+                "come after backward), or train on one GPU with OffloadStrategy")
+        super().__init__(**(ddp or {}))
+        self.keep_settings(budget, submodule, False, host_step, non_blocking, offload_options)
+
+    def setup(self, trainer: "pl.Trainer") -> None:
+        # DDPStrategy.setup, but for the move of the optimizers' states to the GPU:
+        # a streamed optimizer's states live in their homes
+        if trainer.state.fn != TrainerFn.FITTING:     # (no optimizers: DDP's own)
+            super().setup(trainer)
+            return
+        self.accelerator.setup(trainer)
+        if self._layer_sync:
+            self.model = self._layer_sync.apply(self.model)
+        self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        self.configure_ddp()                 # DDP wraps the offloaded module
+        self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+        import torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook as post_local_sgd
+        if isinstance(self._ddp_comm_state, post_local_sgd.PostLocalSGDState):
+            self._enable_model_averaging()

@@ -17,6 +17,7 @@ class OneDevice:
     first in ``__init__``."""
 
     RUNNER = "Trainer"      # what the user names its devices to, in the errors
+    SEVERAL = "offload each replica under DDP: docs/training.md"   # what several devices take
 
     def choose_device(self, device) -> torch.device:
         """Keeps `device` (None: the Trainer's); returns what the base's
@@ -52,22 +53,32 @@ class OneDevice:
                 f"torch_uvm: {name} streams the model through one GPU, and the {self.RUNNER} "
                 f"has {len(devices)} devices ({', '.join(map(str, devices))}): pass devices=1 "
                 f"or devices=[k] to the {self.RUNNER}, or device= to the strategy (for data "
-                f"parallel training, offload each replica under DDP: docs/training.md)")
+                f"parallel training, {self.SEVERAL})")
         self._trainer_devices = devices
 
 
-class StrategySettings(OneDevice):
-    """Before Lightning's single-device strategy: `budget`, `ahead`, `mode`,
-    `units`, `checkpoint`: offload's; `step_in_backward`, `host_step`,
-    `non_blocking`: stream_optimizer's; `submodule`: the name of the part
-    to offload (default: all of it); `device`: as OneDevice says."""
+class Settings:
+    """offload's and stream_optimizer's settings, as a strategy keeps them:
+    `budget`, `ahead`, `mode`, `units`, `checkpoint`: offload's;
+    `step_in_backward`, `host_step`, `non_blocking`: stream_optimizer's;
+    `submodule`: the name of the part to offload (default: all of it)."""
 
-    def __init__(self, budget=None, device=None, submodule: Optional[str] = None,
-                 step_in_backward: bool = False, host_step: float = 0.0,
-                 non_blocking: bool = False, **offload_options):
-        super().__init__(device=self.choose_device(device))
+    def keep_settings(self, budget, submodule: Optional[str], step_in_backward: bool,
+                      host_step: float, non_blocking: bool, offload_options: dict) -> None:
         self.budget, self.submodule = budget, submodule
         self.stream = dict(step_in_backward=step_in_backward, host_step=host_step,
                            non_blocking=non_blocking)
         self.offload_options = offload_options
         self.handle = None       # the offload's, once set up
+
+
+class StrategySettings(OneDevice, Settings):
+    """Before a single-device strategy of Lightning's: Settings', and
+    `device`, as OneDevice says."""
+
+    def __init__(self, budget=None, device=None, submodule: Optional[str] = None,
+                 step_in_backward: bool = False, host_step: float = 0.0,
+                 non_blocking: bool = False, **offload_options):
+        super().__init__(device=self.choose_device(device))
+        self.keep_settings(budget, submodule, step_in_backward, host_step, non_blocking,
+                           offload_options)

@@ -13,6 +13,12 @@ Modes:
   fsdp2_offload_steps  the same, each param group stepped on torch_uvm's host
                        worker in the backward (torch_uvm.fsdp.step_in_backward):
                        its losses and weights equal fsdp2_offload's bit for bit
+  lightning_offload    Lightning's Trainer on the ranks, each rank's replica offloaded
+                       by torch_uvm.lightning.OffloadDDPStrategy under half the model
+  lightning_resident   its reference: the same Trainer with Lightning's DDP strategy
+  accelerate_offload   accelerate's Accelerator (prepare, backward) over each rank's
+                       replica offloaded under half the model, optimizer streamed
+  accelerate_resident  its reference: the same loop, all resident
 
 Every rank trains `--steps` steps on its own batch (seeded by rank) and rank 0
 writes {"ranks": [{"losses", "params_sha1", "memory", "contexts", "pid", "device"}, ...],
@@ -74,10 +80,50 @@ def gpus_by_pid() -> dict:
     return seen
 
 
+def lightning_losses(model, batches, device, world: int, offload: bool) -> list:
+    """Lightning's Trainer over `batches` (this rank's own: no distributed
+    sampler) on the ranks torchrun made, with torch_uvm's OffloadDDPStrategy
+    under half the model's bytes, or Lightning's own DDP; the losses this
+    rank saw. Lightning's teardown moves the module to the CPU (which undoes
+    the offload)."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.strategies import DDPStrategy
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    losses = []
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def training_step(self, batch, _):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.net(x), y)
+            losses.append(loss.item())
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+    if offload:
+        from torch_uvm.lightning import OffloadDDPStrategy
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        strategy = OffloadDDPStrategy(budget=weights // 2, ddp={"process_group_backend": backend})
+    else:
+        strategy = DDPStrategy(process_group_backend=backend)
+    trainer = pl.Trainer(accelerator="gpu" if device.type == "cuda" else "cpu", devices=world,
+                         strategy=strategy, max_steps=len(batches), use_distributed_sampler=False,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    trainer.fit(Module(), torch.utils.data.DataLoader(batches, batch_size=None))
+    return losses
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=["ddp", "fsdp2", "ddp_offload", "ddp_resident",
-                                       "fsdp2_offload", "fsdp2_offload_steps"],
+                                       "fsdp2_offload", "fsdp2_offload_steps",
+                                       "lightning_offload", "lightning_resident",
+                                       "accelerate_offload", "accelerate_resident"],
                     required=True)
     ap.add_argument("--uvm", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5)
@@ -130,6 +176,21 @@ def main():
         handle = torch_uvm.offload(model, budget=weights // 2, device=device)
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
         optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    elif args.mode.startswith("lightning"):      # its own loop: the losses it saw
+        lightning_seen = lightning_losses(model, batches, device, world,
+                                  args.mode == "lightning_offload")
+    elif args.mode.startswith("accelerate"):
+        from accelerate import Accelerator
+        accelerator = Accelerator(cpu=device.type == "cpu")
+        if args.mode == "accelerate_offload":
+            import torch_uvm
+            weights = sum(p.numel() * p.element_size() for p in model.parameters())
+            handle = torch_uvm.offload(model, budget=weights // 2, device=accelerator.device)
+            optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
+        else:
+            model.to(accelerator.device)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        prepared, optimizer = accelerator.prepare(model, optimizer)
     else:
         model.to(device)
         model = torch.nn.parallel.DistributedDataParallel(
@@ -140,12 +201,16 @@ def main():
     # copies home land; a step that reads a gradient before its copy reads
     # what the host memory held before (both modes sleep alike)
     behind = args.mode.startswith("fsdp2_offload") and device.type == "cuda"
-    losses = []
-    for x, y in batches:
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        if behind:
-            torch.cuda._sleep(1 << 28)
-        loss.backward()
+    losses = lightning_seen if args.mode.startswith("lightning") else []
+    for x, y in ([] if args.mode.startswith("lightning") else batches):
+        if args.mode.startswith("accelerate"):
+            loss = torch.nn.functional.mse_loss(prepared(x), y)
+            accelerator.backward(loss)
+        else:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            if behind:
+                torch.cuda._sleep(1 << 28)
+            loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())

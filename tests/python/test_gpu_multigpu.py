@@ -50,6 +50,22 @@ def test_data_parallel_training_with_uvm_gives_the_losses_of_uvm_off(tmp_path, m
     assert_memory_on_own_gpu_only(on)
 
 
+@pytest.mark.parametrize("trainer", ["lightning", "accelerate"])
+def test_each_rank_streaming_its_replica_through_a_trainer_gives_the_trainers_resident_ddp(
+        tmp_path, trainer):
+    """Lightning's Trainer (torch_uvm.lightning.OffloadDDPStrategy) and
+    accelerate's Accelerator over two cards, each rank's replica offloaded
+    under half the model's bytes: the losses and weights of the same loop
+    all resident under DDP (issue 57, point 4)."""
+    streamed = train(tmp_path, f"{trainer}_offload", 1)
+    resident = train(tmp_path, f"{trainer}_resident", 1)
+    assert losses(streamed) == losses(resident)
+    assert [r["params_sha1"] for r in streamed["ranks"]] == \
+        [r["params_sha1"] for r in resident["ranks"]]
+    assert losses(streamed)[0] != losses(streamed)[1]          # each rank its own batches
+    assert_memory_on_own_gpu_only(streamed)
+
+
 def test_each_rank_streaming_its_replica_gives_the_losses_of_resident_ddp(tmp_path):
     """DDP over two cards, each rank's replica offloaded under half the
     model's bytes: the path when the model does not fit one card."""

@@ -152,3 +152,50 @@ def test_a_device_the_strategy_cannot_take_is_refused_as_the_trainer_is_made(
         L.Trainer(accelerator="cpu", devices=devices, logger=False,
                   strategy=tl.OffloadStrategy(budget=1 << 20, **strategy))
     assert offloads == []
+
+
+class Wrapped(L.Callback):
+    """What the Trainer holds as training starts."""
+
+    def on_train_start(self, trainer, module):
+        self.model = trainer.strategy.model
+
+
+def test_ddp_offloads_each_ranks_module_before_ddp_wraps_it_and_streams_its_optimizers(
+        offloads, monkeypatch):
+    import torch.distributed as dist
+    model, seen = Net(), Wrapped()
+    strategy = tl.OffloadDDPStrategy(budget=1 << 20, host_step=0.5,
+                                     ddp={"process_group_backend": "gloo"})
+    made, wrapped_then = tl.offload, []
+
+    def offload(target, **kwargs):      # (what DDP held as the module was offloaded)
+        wrapped_then.append(isinstance(strategy.model, torch.nn.parallel.DistributedDataParallel))
+        return made(target, **kwargs)
+    monkeypatch.setattr(tl, "offload", offload)
+    try:
+        fit(model, strategy, callbacks=[seen])
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    [(module, kwargs, handle)] = offloads
+    assert module is model and kwargs["device"] == torch.device("cpu")   # (the rank's device)
+    assert wrapped_then == [False]                       # offloaded, then wrapped by DDP
+    assert isinstance(seen.model, torch.nn.parallel.DistributedDataParallel)
+    assert seen.model.module is model
+    [(optimizer, _)] = model.made
+    assert handle.streamed == [optimizer]
+    assert handle.settings == [{"step_in_backward": False, "host_step": 0.5,
+                                "non_blocking": False}]
+
+
+def test_ddp_refuses_a_step_in_backward_as_the_strategy_is_made(offloads):
+    with pytest.raises(ValueError, match=r"before DDP averages them.*Leave step_in_backward "
+                                         r"False"):
+        tl.OffloadDDPStrategy(budget=1 << 20, step_in_backward=True)
+
+
+def test_several_devices_for_the_one_gpu_strategy_name_the_ddp_one(offloads):
+    with pytest.raises(ValueError, match=r"has 2 devices.*OffloadDDPStrategy"):
+        L.Trainer(accelerator="cpu", devices=2, logger=False,
+                  strategy=tl.OffloadStrategy(budget=1 << 20))

@@ -42,3 +42,20 @@ def test_fsdp2s_offload_stepped_on_torch_uvms_worker_equals_its_own_step_on_two_
         [x["losses"] for x in runs["fsdp2_offload"]]
     assert [x["params_sha1"] for x in runs["fsdp2_offload_steps"]] == \
         [x["params_sha1"] for x in runs["fsdp2_offload"]]
+
+
+def test_the_trainers_loops_give_plain_ddps_losses_and_weights_on_two_cpu_ranks(tmp_path):
+    """The script's Lightning and accelerate modes, the references of their
+    offloaded twins on two GPUs (test_gpu_multigpu.py): over two gloo ranks
+    each gives plain DDP's losses and weights, bit for bit."""
+    runs = {}
+    for mode in ("ddp", "lightning_resident", "accelerate_resident"):
+        out = tmp_path / f"{mode}.json"
+        r = torchrun(TRAIN, "--mode", mode, "--uvm", "0", "--device", "cpu", "--steps", "3",
+                     "--out", str(out), timeout=300)
+        assert r.returncode == 0, mode + r.stdout[-2000:] + r.stderr[-4000:]
+        runs[mode] = json.loads(out.read_text())["ranks"]
+    for mode in ("lightning_resident", "accelerate_resident"):
+        assert [x["losses"] for x in runs[mode]] == [x["losses"] for x in runs["ddp"]], mode
+        assert [x["params_sha1"] for x in runs[mode]] == [x["params_sha1"] for x in runs["ddp"]]
+    assert all(len(x["losses"]) == 3 for x in runs["lightning_resident"])
