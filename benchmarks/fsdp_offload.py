@@ -20,8 +20,7 @@ the variants interleaved round by round:
   master weights, DeepSpeedCPUAdam, at most DEEPSPEED_LIVE elements live;
   its wheels are carried (docs/development.md). DeepSpeed's engine turns
   the outer autocast off (no torch_autocast section): its model computes in
-  bf16 throughout, near but not the arithmetic of the _bf16 variants. Not
-  yet run.
+  bf16 throughout, near but not the arithmetic of the _bf16 variants.
 
 The model: a Llama of offload_llama's shapes (fp32 master weights, bf16
 autocast, activation checkpointing), batch 4 x 1024 tokens on every rank.
@@ -38,7 +37,9 @@ The twins' losses are bit for bit only with deterministic kernels
 (OFFLOAD_DETERMINISTIC=1: eager attention too); otherwise the check says
 how far apart they are. Prints a table and writes
 fsdp_offload-<G>gpu-<shape>.json and .png to --out; --append adds rounds to
-that file's (one device call a round, say)."""
+that file's (one device call a round, say). --profile adds one step after
+the timed ones, under torch.profiler on each rank and not timed: where its
+time went on the GPU (profile_summary), printed beside the table."""
 import argparse
 import json
 import os
@@ -87,8 +88,65 @@ def build(shape: str, device):
     return model, x, loss_fn
 
 
-def rank_main(variant: str, shape: str, out: str) -> None:
-    """One rank of `variant` (under torchrun); rank 0 writes `out`."""
+def profile_summary(trace: dict, wall_s: float) -> dict:
+    """Where a profiled step's time went on the GPU, from its Chrome trace
+    (torch.profiler's export): the copies to the GPU and home (count,
+    bytes, seconds, GB/s while copying), and the seconds some compute
+    kernel, or some NCCL kernel, ran (their spans' union), beside the
+    step's wall time."""
+    def union(spans):
+        total, end = 0.0, float("-inf")
+        for a, b in sorted(spans):
+            if b > end:
+                total += b - max(a, end)
+                end = b
+        return total / 1e6
+    copies = {"to_gpu": [0, 0, 0.0], "home": [0, 0, 0.0]}
+    compute, nccl = [], []
+    for e in trace.get("traceEvents", []):
+        cat, name, dur = e.get("cat", ""), e.get("name", ""), e.get("dur")
+        if dur is None:
+            continue
+        if cat == "gpu_memcpy" and ("HtoD" in name or "DtoH" in name):
+            c = copies["to_gpu" if "HtoD" in name else "home"]
+            c[0] += 1
+            c[1] += int(e.get("args", {}).get("bytes", 0))
+            c[2] += dur / 1e6
+        elif cat == "kernel":
+            (nccl if "nccl" in name.lower() else compute).append((e["ts"], e["ts"] + dur))
+    out = {"wall_s": wall_s, "compute_s": union(compute), "nccl_s": union(nccl)}
+    for k, (n, nbytes, secs) in copies.items():
+        out[k] = {"copies": n, "bytes": nbytes, "seconds": secs,
+                  "gbps": nbytes / secs / 1e9 if secs else None}
+    return out
+
+
+def profiled_step(variant, model, optimizer, loss_fn, offload_train) -> dict:
+    """One more step under torch.profiler (CPU and CUDA): profile_summary
+    of it."""
+    import tempfile
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
+                                           if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        loss = loss_fn(model)
+        offload_train.train_step(variant, model, optimizer, loss)
+        loss.item()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            return profile_summary(json.load(f), wall)
+
+
+def rank_main(variant: str, shape: str, out: str, profiled: bool = False) -> None:
+    """One rank of `variant` (under torchrun); rank 0 writes `out`. With
+    `profiled`, one step more under torch.profiler (profiled_step)."""
     import torch
     import torch.distributed as dist
     import offload_train
@@ -142,12 +200,14 @@ def rank_main(variant: str, shape: str, out: str) -> None:
         if shard_steps:      # (the host worker's seconds and the caller's wait, this step)
             after = shard_steps.stats()
             worker.append({k: after[k] - before[k] for k in after})
+    profiled = profiled_step(variant, model, optimizer, loss_fn, offload_train) \
+        if profiled else None
     if gpu is not None:
         gpu.__exit__(None, None, None)
     import offload_llama
     mine = {"rank": dist.get_rank(), "losses": losses, "times_s": times,
             "threads": torch.get_num_threads(), "host_step_threads": host_threads,
-            "host_worker": worker,
+            "host_worker": worker, "profiled_step": profiled,
             "process_gpu_memory": gpu.result() if gpu is not None else None,
             "host_peak_bytes": offload_llama.host_peak_bytes()}
     ranks = [None] * dist.get_world_size()
@@ -165,7 +225,7 @@ def rank_main(variant: str, shape: str, out: str) -> None:
 
 
 def launch(variant: str, gpus: int, shape: str, cpu: bool, folder: str,
-           timeout: int) -> dict:
+           timeout: int, profiled: bool = False) -> dict:
     """One torchrun launch of `variant`: rank 0's result, or None."""
     out = os.path.join(folder, f"{variant}-{time.time_ns()}.json")
     env = dict(os.environ, FSDP_OFFLOAD_CPU="1" if cpu else "0",
@@ -174,7 +234,7 @@ def launch(variant: str, gpus: int, shape: str, cpu: bool, folder: str,
                OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // gpus)))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={gpus}", os.path.abspath(__file__), "--rank-of", variant,
-           "--shape", shape, "--result", out]
+           "--shape", shape, "--result", out] + (["--profile"] if profiled else [])
     t0 = time.time()
     # (a session of its own: a launch past its time is killed with its ranks)
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -267,6 +327,18 @@ def report(runs: dict, rates: list, gpus: int, out: str, shape: str = "3b") -> d
                   f"step ({host['min']:.3f}–{host['max']:.3f}) on {threads} threads; the "
                   f"rank's thread waited {waited['median']:.3f} s for them "
                   f"({waited['min']:.3f}–{waited['max']:.3f})")
+    for v, rs in runs.items():        # where a profiled step's time went on the GPU
+        steps = [(rank["rank"], rank["profiled_step"]) for r in rs if r for rank in r["ranks"]
+                 if rank.get("profiled_step")]
+        if steps:
+            table[v]["profiled_steps"] = [p for _, p in steps]
+        for rank, p in steps[-len(rs[-1]["ranks"]) if rs[-1] else 0:]:
+            moved = "; ".join(
+                f"{k.replace('_', ' ')} {p[k]['bytes'] / 1e9:.1f} GB in {p[k]['seconds']:.3f} s"
+                + (f" ({p[k]['gbps']:.1f} GB/s)" if p[k]["gbps"] else "")
+                for k in ("to_gpu", "home"))
+            print(f"  {v}, a profiled step, rank {rank}: {p['wall_s']:.3f} s; compute kernels "
+                  f"{p['compute_s']:.3f} s, NCCL {p['nccl_s']:.3f} s; {moved}")
     compared = {f"{v} / {t}, s a step": method.ratio(
         [r and r["s_per_step"] for r in runs[v]], [r and r["s_per_step"] for r in runs[t]])
         for v, t in [*TWINS.items(), *ANCHORS.items()] if v in runs and t in runs}
@@ -300,11 +372,13 @@ def main(argv=None):
     ap.add_argument("--append", action="store_true",
                     help="add these rounds to those in --out's file for --gpus and --shape")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--profile", action="store_true",
+                    help="one step more on each rank under torch.profiler, not timed")
     ap.add_argument("--rank-of", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.rank_of:
-        rank_main(args.rank_of, args.shape, args.result)
+        rank_main(args.rank_of, args.shape, args.result, args.profile)
         return
     variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS + EXTRA]
@@ -324,7 +398,8 @@ def main(argv=None):
         print(f"round {r + 1}/{before + args.rounds}", flush=True)
         rates.append(None if args.cpu else {**method.pinned_rate(), **method.host_adamw_rate()})
         for v in variants[r % len(variants):] + variants[:r % len(variants)]:
-            runs[v].append(launch(v, args.gpus, args.shape, args.cpu, folder, args.timeout))
+            runs[v].append(launch(v, args.gpus, args.shape, args.cpu, folder, args.timeout,
+                                  args.profile))
         for v in set(runs) - set(variants):     # (not run this round: its place kept)
             runs[v].append(None)
         report(runs, rates, args.gpus, args.out, args.shape)   # (a run cut short keeps its rounds)

@@ -126,13 +126,14 @@ for stage in $stages; do
       ;;
     fsdp)  # issue 57: FSDP2's offload across FSDP_GPUS ranks (benchmarks/fsdp_offload.py),
            # FSDP_ROUNDS a call, added to the rounds of earlier calls on this warm machine
-           # (kept in $LOGS/fsdp); FSDP_VARIANTS, FSDP_SHAPE; DeepSpeed from .whl
+           # (kept in $LOGS/fsdp); FSDP_VARIANTS, FSDP_SHAPE, FSDP_PROFILE=1 (one profiled step
+           # more a launch: fsdp_offload.py --profile); DeepSpeed from .whl
       install_wheels
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
       run fsdp timeout ${FSDP_LIMIT:-540} python3 benchmarks/fsdp_offload.py \
           --gpus ${FSDP_GPUS:-2} --shape ${FSDP_SHAPE:-3b} --rounds ${FSDP_ROUNDS:-1} \
           --timeout ${FSDP_TIMEOUT:-200} --append --out "$LOGS/fsdp" \
-          ${FSDP_VARIANTS:+--variants $FSDP_VARIANTS}
+          ${FSDP_VARIANTS:+--variants $FSDP_VARIANTS} ${FSDP_PROFILE:+--profile}
       tar czf "$OUT/fsdp_results.tgz" -C "$LOGS" fsdp
       ;;
     demo)

@@ -26,13 +26,15 @@ def test_the_offload_benchmark_runs_two_cpu_ranks_and_checks_the_twins(tmp_path,
     assert "| fsdp2_cpu_offload_uvm_steps |" in capsys.readouterr().out
     assert run["shape"] == "tiny" and all(r["threads"] >= 1 for r in run["ranks"])
     fsdp_offload.main(["--gpus", "2", "--cpu", "--shape", "tiny", "--rounds", "1", "--append",
-                       "--variants", "fsdp2_cpu_offload",
+                       "--variants", "fsdp2_cpu_offload", "--profile",
                        "--out", str(tmp_path)])          # a second round of one, added
     again = json.load(open(tmp_path / "fsdp_offload-2gpu-tiny.json"))
     assert len(again["runs"]["fsdp2_cpu_offload"]) == 2 and len(again["rates"]) == 2
     kept = again["runs"]["fsdp2_cpu_offload_uvm_steps"]    # not run: its first round kept
     assert len(kept) == 2 and kept[0] is not None and kept[1] is None
     assert again["table"]["fsdp2_cpu_offload_uvm_steps"]["s_per_step"]["n"] == 1
+    [profiled, _] = again["table"]["fsdp2_cpu_offload"]["profiled_steps"]   # (each rank's)
+    assert profiled["wall_s"] > 0 and profiled["to_gpu"]["copies"] == 0     # (no GPU here)
 
 
 def test_a_twin_whose_losses_differ_is_reported_so(tmp_path):
@@ -60,4 +62,29 @@ def test_the_host_steps_are_compared_with_deepspeeds_offload_round_by_round(tmp_
     compared = json.load(open(tmp_path / "fsdp_offload-1gpu-3b.json"))["comparisons"]
     ratio = compared["fsdp2_cpu_offload_bf16_uvm_steps / deepspeed_zero3_offload_bf16, s a step"]
     assert ratio["ratios"] == [0.5] and ratio["n"] == 1      # (a round without it: not paired)
+
+
+def test_a_profiled_steps_gpu_time_is_summed_from_its_trace():
+    """profile_summary on a hand-made trace: copies by direction, and the
+    union of the kernels' spans (overlaps counted once), NCCL's apart."""
+    trace = {"traceEvents": [
+        {"cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": 0, "dur": 1000,
+         "args": {"bytes": 4_000_000}},
+        {"cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": 5000, "dur": 1000,
+         "args": {"bytes": 2_000_000}},
+        {"cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": 0, "dur": 500,
+         "args": {"bytes": 1_000_000}},
+        {"cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "ts": 0, "dur": 900,
+         "args": {"bytes": 9}},
+        {"cat": "kernel", "name": "gemm", "ts": 0, "dur": 300},
+        {"cat": "kernel", "name": "softmax", "ts": 200, "dur": 300},      # overlaps: 0-500
+        {"cat": "kernel", "name": "gemm", "ts": 1000, "dur": 100},
+        {"cat": "kernel", "name": "ncclDevKernel_AllGather", "ts": 0, "dur": 2000},
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 99999},
+        {"ph": "M", "name": "process_name"}]}
+    p = fsdp_offload.profile_summary(trace, 0.01)
+    assert p["to_gpu"] == {"copies": 2, "bytes": 6_000_000, "seconds": 0.002, "gbps": 3.0}
+    assert p["home"] == {"copies": 1, "bytes": 1_000_000, "seconds": 0.0005, "gbps": 2.0}
+    assert p["compute_s"] == pytest.approx(0.0006) and p["nccl_s"] == pytest.approx(0.002)
+    assert p["wall_s"] == 0.01
 
