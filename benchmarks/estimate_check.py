@@ -73,7 +73,12 @@ MISSES = {
         "estimate: it must also know when the backward's compute, not the "
         "link, sets the pace. Counted by the room alone, the lag brings the MLP "
         "to 0.896 and takes the 3B at 4 GiB, whose compute sets its pace, to "
-        "1.125 (tried on 2026-11-29, not kept)"),
+        "1.125 (tried on 2026-11-29, not kept). The run's allocator reserved 676 MiB "
+        "against the 380 it allocated at its peak: freed gradients whose memory "
+        "waits for their step's stream hold about 8 units' worth, near the pace's "
+        "lag (2.4 ms against 0.3 ms a unit), not the room's. Next: bound the "
+        "gradients awaiting their step in the engine (as the copies home are), "
+        "and count that bound"),
 }
 
 # name, config, estimate's arguments, (JSON, run path), where the GPU peak,
