@@ -91,7 +91,7 @@ def build(shape: str, device):
 def profile_summary(trace: dict, wall_s: float) -> dict:
     """Where a profiled step's time went on the GPU, from its Chrome trace
     (torch.profiler's export): the copies to the GPU and home (count,
-    bytes, seconds, GB/s while copying), and the seconds some compute
+    bytes, the seconds some such copy ran, GB/s over them), and the seconds some compute
     kernel, or some NCCL kernel, ran (their spans' union), beside the
     step's wall time."""
     def union(spans):
@@ -101,7 +101,7 @@ def profile_summary(trace: dict, wall_s: float) -> dict:
                 total += b - max(a, end)
                 end = b
         return total / 1e6
-    copies = {"to_gpu": [0, 0, 0.0], "home": [0, 0, 0.0]}
+    copies = {"to_gpu": [0, 0, []], "home": [0, 0, []]}
     compute, nccl = [], []
     for e in trace.get("traceEvents", []):
         cat, name, dur = e.get("cat", ""), e.get("name", ""), e.get("dur")
@@ -111,11 +111,12 @@ def profile_summary(trace: dict, wall_s: float) -> dict:
             c = copies["to_gpu" if "HtoD" in name else "home"]
             c[0] += 1
             c[1] += int(e.get("args", {}).get("bytes", 0))
-            c[2] += dur / 1e6
+            c[2].append((e["ts"], e["ts"] + dur))
         elif cat == "kernel":
             (nccl if "nccl" in name.lower() else compute).append((e["ts"], e["ts"] + dur))
     out = {"wall_s": wall_s, "compute_s": union(compute), "nccl_s": union(nccl)}
-    for k, (n, nbytes, secs) in copies.items():
+    for k, (n, nbytes, spans) in copies.items():    # (copies on several streams: once)
+        secs = union(spans)
         out[k] = {"copies": n, "bytes": nbytes, "seconds": secs,
                   "gbps": nbytes / secs / 1e9 if secs else None}
     return out
@@ -200,10 +201,15 @@ def rank_main(variant: str, shape: str, out: str, profiled: bool = False) -> Non
         if shard_steps:      # (the host worker's seconds and the caller's wait, this step)
             after = shard_steps.stats()
             worker.append({k: after[k] - before[k] for k in after})
-    profiled = profiled_step(variant, model, optimizer, loss_fn, offload_train) \
-        if profiled else None
     if gpu is not None:
         gpu.__exit__(None, None, None)
+    if profiled:        # (after the memory's window; the host peak counts the profiler's)
+        if cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+        profiled = profiled_step(variant, model, optimizer, loss_fn, offload_train)
+    else:
+        profiled = None
     import offload_llama
     mine = {"rank": dist.get_rank(), "losses": losses, "times_s": times,
             "threads": torch.get_num_threads(), "host_step_threads": host_threads,
@@ -332,7 +338,10 @@ def report(runs: dict, rates: list, gpus: int, out: str, shape: str = "3b") -> d
                  if rank.get("profiled_step")]
         if steps:
             table[v]["profiled_steps"] = [p for _, p in steps]
-        for rank, p in steps[-len(rs[-1]["ranks"]) if rs[-1] else 0:]:
+        last = next((r for r in reversed(rs) if r and any(rank.get("profiled_step")
+                                                           for rank in r["ranks"])), None)
+        for rank, p in ([] if last is None else [(x["rank"], x["profiled_step"])
+                                                 for x in last["ranks"]]):
             moved = "; ".join(
                 f"{k.replace('_', ' ')} {p[k]['bytes'] / 1e9:.1f} GB in {p[k]['seconds']:.3f} s"
                 + (f" ({p[k]['gbps']:.1f} GB/s)" if p[k]["gbps"] else "")

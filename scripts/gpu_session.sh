@@ -133,7 +133,7 @@ for stage in $stages; do
       run fsdp timeout ${FSDP_LIMIT:-540} python3 benchmarks/fsdp_offload.py \
           --gpus ${FSDP_GPUS:-2} --shape ${FSDP_SHAPE:-3b} --rounds ${FSDP_ROUNDS:-1} \
           --timeout ${FSDP_TIMEOUT:-200} --append --out "$LOGS/fsdp" \
-          ${FSDP_VARIANTS:+--variants $FSDP_VARIANTS} ${FSDP_PROFILE:+--profile}
+          ${FSDP_VARIANTS:+--variants $FSDP_VARIANTS} $([ "${FSDP_PROFILE:-0}" = 1 ] && echo --profile)
       tar czf "$OUT/fsdp_results.tgz" -C "$LOGS" fsdp
       ;;
     demo)

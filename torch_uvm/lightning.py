@@ -11,9 +11,9 @@ Where Lightning's single-device strategy moves the module to its GPU, this
 one offloads it (the whole LightningModule, or its submodule `submodule`,
 the rest then moved as usual), and it streams every optimizer that
 ``configure_optimizers`` returns, its schedulers included. Optimizer states
-stay in their homes: they are not moved to the GPU at setup. Lightning's
-teardown moves the module to the CPU, which undoes the offload (the
-optimizers' states, in their homes, are CPU tensors already); the next
+stay in their homes: they are not moved to the GPU at setup, nor to the
+CPU at teardown. Lightning's teardown moves the module to the CPU, which
+undoes the offload and gives the states back on the CPU in place; the next
 ``fit`` (or ``validate``, ``test``, ``predict``, each pinning the homes
 anew) offloads it again. One strategy per Trainer, as Lightning's own.
 
@@ -58,6 +58,17 @@ class Offloading:
         super().setup_optimizers(trainer)
         for optimizer in self.optimizers:      # (the handle is new: model_to_device made it)
             self.handle.stream_optimizer(optimizer, **self.stream)
+
+    def teardown(self) -> None:
+        """Lightning's, but for the move of the optimizers' states to the
+        CPU: a streamed optimizer's states are in their homes, which the
+        module's move to the CPU (the offload's undo) gives back in place; a
+        move of them first would copy every state."""
+        optimizers, self.optimizers = self.optimizers, []
+        try:
+            super().teardown()
+        finally:
+            self.optimizers = optimizers
 
 
 class OffloadStrategy(Offloading, StrategySettings, SingleDeviceStrategy):
@@ -127,7 +138,15 @@ class OffloadDDPStrategy(Offloading, Settings, DDPStrategy):
                 "step during backward on this rank's own gradients, before DDP averages them, "
                 "and the replicas would drift apart. Leave step_in_backward False (the steps "
                 "come after backward), or train on one GPU with OffloadStrategy")
-        super().__init__(**(ddp or {}))
+        ddp = dict(ddp or {})
+        for name, why in (("gradient_as_bucket_view", "would make each gradient a view of "
+                           "DDP's bucket on the GPU, not its home"),
+                          ("model_averaging_period", "averages the parameters by replacing "
+                           "their storage, which the offload holds")):
+            if ddp.get(name):
+                raise ValueError(f"torch_uvm: OffloadDDPStrategy(ddp={{{name!r}: "
+                                 f"{ddp[name]!r}}}): it {why}. Leave it out")
+        super().__init__(**ddp)
         self.keep_settings(budget, submodule, False, host_step, non_blocking, offload_options)
 
     def setup(self, trainer: "pl.Trainer") -> None:
@@ -136,14 +155,14 @@ class OffloadDDPStrategy(Offloading, Settings, DDPStrategy):
         if trainer.state.fn != TrainerFn.FITTING:     # (no optimizers: DDP's own)
             super().setup(trainer)
             return
+        if self._layer_sync is not None:
+            raise ValueError(
+                "torch_uvm: OffloadDDPStrategy with Trainer(sync_batchnorm=True): Lightning "
+                "swaps the batch norms for SyncBatchNorm ones and back, around the offload's "
+                "own tensors. Leave sync_batchnorm off")
         self.accelerator.setup(trainer)
-        if self._layer_sync:
-            self.model = self._layer_sync.apply(self.model)
         self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         self.configure_ddp()                 # DDP wraps the offloaded module
         self.setup_optimizers(trainer)
         self.setup_precision_plugin()
-        import torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook as post_local_sgd
-        if isinstance(self._ddp_comm_state, post_local_sgd.PostLocalSGDState):
-            self._enable_model_averaging()

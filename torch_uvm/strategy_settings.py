@@ -65,6 +65,15 @@ class Settings:
 
     def keep_settings(self, budget, submodule: Optional[str], step_in_backward: bool,
                       host_step: float, non_blocking: bool, offload_options: dict) -> None:
+        import inspect
+        from .offload import offload
+        taken = set(inspect.signature(offload).parameters) - {"module", "budget", "device"}
+        unknown = sorted(set(offload_options) - taken)
+        if unknown:
+            raise TypeError(
+                f"torch_uvm: {type(self).__name__} got {', '.join(map(repr, unknown))}, which "
+                f"offload() does not take (it takes {', '.join(sorted(taken))}). A strategy's "
+                f"own arguments go in its own place (OffloadDDPStrategy: ddp={{...}})")
         self.budget, self.submodule = budget, submodule
         self.stream = dict(step_in_backward=step_in_backward, host_step=host_step,
                            non_blocking=non_blocking)

@@ -66,12 +66,15 @@ def test_the_host_steps_are_compared_with_deepspeeds_offload_round_by_round(tmp_
 
 def test_a_profiled_steps_gpu_time_is_summed_from_its_trace():
     """profile_summary on a hand-made trace: copies by direction, and the
-    union of the kernels' spans (overlaps counted once), NCCL's apart."""
+    union of the copies' and the kernels' spans (overlaps counted once),
+    NCCL's apart."""
     trace = {"traceEvents": [
         {"cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": 0, "dur": 1000,
          "args": {"bytes": 4_000_000}},
         {"cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": 5000, "dur": 1000,
          "args": {"bytes": 2_000_000}},
+        {"cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": 500, "dur": 1000,
+         "args": {"bytes": 3_000_000}},                     # another stream's, overlapping
         {"cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": 0, "dur": 500,
          "args": {"bytes": 1_000_000}},
         {"cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "ts": 0, "dur": 900,
@@ -83,7 +86,7 @@ def test_a_profiled_steps_gpu_time_is_summed_from_its_trace():
         {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 99999},
         {"ph": "M", "name": "process_name"}]}
     p = fsdp_offload.profile_summary(trace, 0.01)
-    assert p["to_gpu"] == {"copies": 2, "bytes": 6_000_000, "seconds": 0.002, "gbps": 3.0}
+    assert p["to_gpu"] == {"copies": 3, "bytes": 9_000_000, "seconds": 0.0025, "gbps": 3.6}
     assert p["home"] == {"copies": 1, "bytes": 1_000_000, "seconds": 0.0005, "gbps": 2.0}
     assert p["compute_s"] == pytest.approx(0.0006) and p["nccl_s"] == pytest.approx(0.002)
     assert p["wall_s"] == 0.01

@@ -199,3 +199,59 @@ def test_several_devices_for_the_one_gpu_strategy_name_the_ddp_one(offloads):
     with pytest.raises(ValueError, match=r"has 2 devices.*OffloadDDPStrategy"):
         L.Trainer(accelerator="cpu", devices=2, logger=False,
                   strategy=tl.OffloadStrategy(budget=1 << 20))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: tl.OffloadStrategy(budget=1 << 20, device="cpu"),
+    lambda: tl.OffloadDDPStrategy(budget=1 << 20, ddp={"process_group_backend": "gloo"})])
+def test_teardown_leaves_the_streamed_optimizers_states_in_their_homes(offloads, monkeypatch,
+                                                                       make):
+    """Lightning's teardown moves the optimizers' states to the CPU before
+    the module; a streamed optimizer's states are in their homes, which the
+    module's move (the offload's undo) gives back in place: not moved first,
+    which would copy every state."""
+    import torch.distributed as dist
+    import lightning.pytorch.strategies.strategy as base
+    moved, own = [], base._optimizers_to_device
+    monkeypatch.setattr(base, "_optimizers_to_device",
+                        lambda optimizers, device: (moved.append(list(optimizers)),
+                                                    own(optimizers, device)))
+    model = Net()
+    try:
+        trainer = fit(model, make())
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    [(optimizer, _)] = model.made
+    assert all(optimizer not in m for m in moved) and moved        # (teardown ran)
+    assert trainer.strategy.optimizers == [optimizer]               # given back after
+
+
+@pytest.mark.parametrize("settings, match", [
+    ({"ddp": {"gradient_as_bucket_view": True}}, "a view of DDP's bucket on the GPU"),
+    ({"ddp": {"model_averaging_period": 4}}, "by replacing their storage"),
+])
+def test_ddp_settings_that_would_bypass_the_homes_are_refused_as_the_strategy_is_made(
+        offloads, settings, match):
+    with pytest.raises(ValueError, match=match):
+        tl.OffloadDDPStrategy(budget=1 << 20, **settings)
+
+
+def test_a_setting_offload_does_not_take_is_refused_as_the_strategy_is_made(offloads):
+    for make in (tl.OffloadStrategy, tl.OffloadDDPStrategy):
+        with pytest.raises(TypeError, match=r"got 'find_unused_parameters', which offload\(\) "
+                                            r"does not take .*ddp=\{\.\.\.\}"):
+            make(budget=1 << 20, find_unused_parameters=True)
+
+
+def test_ddp_with_sync_batchnorm_is_refused_before_anything_is_offloaded(offloads):
+    import torch.distributed as dist
+    try:
+        with pytest.raises(ValueError, match="sync_batchnorm=True"):
+            fit(Net(), tl.OffloadDDPStrategy(budget=1 << 20,
+                                             ddp={"process_group_backend": "gloo"}),
+                sync_batchnorm=True)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert offloads == []
