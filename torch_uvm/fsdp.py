@@ -88,9 +88,7 @@ class ShardSteps:
                  groups: List[Tuple[str, List[torch.nn.Parameter]]], threads: int = 0):
         self.model, self.optimizer = model, optimizer
         self.threads = threads     # the host worker's (host_step.rank_threads()); 0: none
-        # (torch.set_num_threads also sets the count a thread takes at its first
-        # parallel op: the worker gives the rank's back after each step)
-        self._rank_threads = torch.get_num_threads()
+        self._rank_threads = torch.get_num_threads()   # given back after each host step
         self.names = [n for n, _ in groups]
         self.params = [ps for _, ps in groups]
         self.lifecycle = _C.UnitLifecycle(self.names)
@@ -200,15 +198,10 @@ class ShardSteps:
         def work():
             if ready is not None:
                 ready.synchronize()
-            if self.threads > 0:       # (a new thread's are not the rank's share)
-                torch.set_num_threads(self.threads)
             start = time.perf_counter()
-            try:
+            with host_step.stepping_threads(self.threads, self._rank_threads):
                 self._step(unit)
                 self._let_go(unit)
-            finally:
-                if self.threads > 0:
-                    torch.set_num_threads(self._rank_threads)
             self._host_seconds += time.perf_counter() - start     # (this thread's alone)
             self._host_steps += 1
         self._queued.append(self._worker.submit(work))

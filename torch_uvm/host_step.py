@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import inspect
 import math
 import os
@@ -155,6 +156,21 @@ def rank_threads() -> int:
     mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
     share = mine if mine < cores else cores // ranks     # (bound already: its own cores)
     return max(1, share - 2)
+
+
+@contextlib.contextmanager
+def stepping_threads(count: int, after: int):
+    """A worker's host step on `count` intra-op threads, then `after` again:
+    a new thread's default is every core, and torch.set_num_threads also
+    sets what threads started later take. `count` 0: left as they are."""
+    if count <= 0:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(after)
 
 
 def copies_share() -> float:
@@ -360,11 +376,8 @@ class HostSteps:
         item = self._next()
         start = time.time_ns()
         try:
-            torch.set_num_threads(self._threads)    # threads(): a new thread's default is every core
-            try:
+            with stepping_threads(self._threads, self._caller_threads):    # threads()
                 self._step(item.ready, item.work)
-            finally:    # (set_num_threads also sets what threads started later take)
-                torch.set_num_threads(self._caller_threads)
         except BaseException as e:      # raised where it is waited for, naming its unit
             self._spans.append((item.name, start, time.time_ns()))
             item.future.set_exception(e if isinstance(e, Exception) else RuntimeError(repr(e)))

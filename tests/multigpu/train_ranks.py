@@ -80,6 +80,12 @@ def gpus_by_pid() -> dict:
     return seen
 
 
+def half_budget(model) -> int:
+    """The budget every offloaded mode streams its replica under: half the
+    model's bytes."""
+    return sum(p.numel() * p.element_size() for p in model.parameters()) // 2
+
+
 def lightning_losses(model, batches, device, world: int, offload: bool) -> list:
     """Lightning's Trainer over `batches` (this rank's own: no distributed
     sampler) on the ranks torchrun made, with torch_uvm's OffloadDDPStrategy
@@ -106,8 +112,8 @@ def lightning_losses(model, batches, device, world: int, offload: bool) -> list:
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
     if offload:
         from torch_uvm.lightning import OffloadDDPStrategy
-        weights = sum(p.numel() * p.element_size() for p in model.parameters())
-        strategy = OffloadDDPStrategy(budget=weights // 2, ddp={"process_group_backend": backend})
+        strategy = OffloadDDPStrategy(budget=half_budget(model),
+                                      ddp={"process_group_backend": backend})
     else:
         strategy = DDPStrategy(process_group_backend=backend)
     trainer = pl.Trainer(accelerator="gpu" if device.type == "cuda" else "cpu", devices=world,
@@ -172,8 +178,7 @@ def main():
             torch_uvm.fsdp.step_in_backward(model, optimizer)
     elif args.mode == "ddp_offload":
         import torch_uvm
-        weights = sum(p.numel() * p.element_size() for p in model.parameters())
-        handle = torch_uvm.offload(model, budget=weights // 2, device=device)
+        handle = torch_uvm.offload(model, budget=half_budget(model), device=device)
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
         optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
     elif args.mode.startswith("lightning"):      # its own loop: the losses it saw
@@ -184,8 +189,8 @@ def main():
         accelerator = Accelerator(cpu=device.type == "cpu")
         if args.mode == "accelerate_offload":
             import torch_uvm
-            weights = sum(p.numel() * p.element_size() for p in model.parameters())
-            handle = torch_uvm.offload(model, budget=weights // 2, device=accelerator.device)
+            handle = torch_uvm.offload(model, budget=half_budget(model),
+                                       device=accelerator.device)
             optimizer = handle.stream_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
         else:
             model.to(accelerator.device)
