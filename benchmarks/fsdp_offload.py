@@ -93,7 +93,10 @@ def profile_summary(trace: dict, wall_s: float) -> dict:
     (torch.profiler's export): the copies to the GPU and home (count,
     bytes, the seconds some such copy ran, GB/s over them), and the seconds some compute
     kernel, or some NCCL kernel, ran (their spans' union), beside the
-    step's wall time."""
+    step's wall time. And the host's AdamW (CPU ops named *adamw*, on any
+    thread): the seconds some such op ran, and each direction's copies that
+    ran at least half their time beside it (`beside_adamw`, their GB/s), to
+    tell whether the host's memory slows the copies the GPU waits on."""
     def union(spans):
         total, end = 0.0, float("-inf")
         for a, b in sorted(spans):
@@ -101,24 +104,44 @@ def profile_summary(trace: dict, wall_s: float) -> dict:
                 total += b - max(a, end)
                 end = b
         return total / 1e6
-    copies = {"to_gpu": [0, 0, []], "home": [0, 0, []]}
-    compute, nccl = [], []
+    def overlap(a, b, spans):      # (of [a, b] with the sorted, disjoint spans)
+        return sum(max(0.0, min(b, y) - max(a, x)) for x, y in spans)
+
+    def disjoint(spans):
+        out = []
+        for a, b in sorted(spans):
+            if out and a <= out[-1][1]:
+                out[-1][1] = max(out[-1][1], b)
+            else:
+                out.append([a, b])
+        return out
+
+    def rate(n, nbytes, spans):
+        secs = union(spans)          # (copies on several streams: once)
+        return {"copies": n, "bytes": nbytes, "seconds": secs,
+                "gbps": nbytes / secs / 1e9 if secs else None}
+    copies = {"to_gpu": [], "home": []}
+    compute, nccl, adamw = [], [], []
     for e in trace.get("traceEvents", []):
         cat, name, dur = e.get("cat", ""), e.get("name", ""), e.get("dur")
         if dur is None:
             continue
+        span = (e["ts"], e["ts"] + dur)
         if cat == "gpu_memcpy" and ("HtoD" in name or "DtoH" in name):
-            c = copies["to_gpu" if "HtoD" in name else "home"]
-            c[0] += 1
-            c[1] += int(e.get("args", {}).get("bytes", 0))
-            c[2].append((e["ts"], e["ts"] + dur))
+            copies["to_gpu" if "HtoD" in name else "home"].append(
+                (span, int(e.get("args", {}).get("bytes", 0))))
         elif cat == "kernel":
-            (nccl if "nccl" in name.lower() else compute).append((e["ts"], e["ts"] + dur))
-    out = {"wall_s": wall_s, "compute_s": union(compute), "nccl_s": union(nccl)}
-    for k, (n, nbytes, spans) in copies.items():    # (copies on several streams: once)
-        secs = union(spans)
-        out[k] = {"copies": n, "bytes": nbytes, "seconds": secs,
-                  "gbps": nbytes / secs / 1e9 if secs else None}
+            (nccl if "nccl" in name.lower() else compute).append(span)
+        elif cat == "cpu_op" and "adamw" in name.lower():
+            adamw.append(span)
+    adamw = disjoint(adamw)
+    out = {"wall_s": wall_s, "compute_s": union(compute), "nccl_s": union(nccl),
+           "adamw_s": union(adamw)}
+    for k, cs in copies.items():
+        out[k] = rate(len(cs), sum(n for _, n in cs), [s for s, _ in cs])
+        beside = [(s, n) for s, n in cs if 2 * overlap(*s, adamw) >= s[1] - s[0]]
+        out[k]["beside_adamw"] = rate(len(beside), sum(n for _, n in beside),
+                                      [s for s, _ in beside])
     return out
 
 
@@ -342,12 +365,16 @@ def report(runs: dict, rates: list, gpus: int, out: str, shape: str = "3b") -> d
                                                            for rank in r["ranks"])), None)
         for rank, p in ([] if last is None else [(x["rank"], x["profiled_step"])
                                                  for x in last["ranks"]]):
-            moved = "; ".join(
-                f"{k.replace('_', ' ')} {p[k]['bytes'] / 1e9:.1f} GB in {p[k]['seconds']:.3f} s"
-                + (f" ({p[k]['gbps']:.1f} GB/s)" if p[k]["gbps"] else "")
-                for k in ("to_gpu", "home"))
+            def moved(c):
+                return (f"{c['bytes'] / 1e9:.1f} GB in {c['seconds']:.3f} s"
+                        + (f" ({c['gbps']:.1f} GB/s)" if c["gbps"] else ""))
             print(f"  {v}, a profiled step, rank {rank}: {p['wall_s']:.3f} s; compute kernels "
-                  f"{p['compute_s']:.3f} s, NCCL {p['nccl_s']:.3f} s; {moved}")
+                  f"{p['compute_s']:.3f} s, NCCL {p['nccl_s']:.3f} s, host AdamW "
+                  f"{p.get('adamw_s', 0):.3f} s; " + "; ".join(
+                      f"{k.replace('_', ' ')} {moved(p[k])}"
+                      + (f", of it beside the AdamW {moved(p[k]['beside_adamw'])}"
+                         if p[k].get("beside_adamw", {}).get("copies") else "")
+                      for k in ("to_gpu", "home")))
     compared = {f"{v} / {t}, s a step": method.ratio(
         [r and r["s_per_step"] for r in runs[v]], [r and r["s_per_step"] for r in runs[t]])
         for v, t in [*TWINS.items(), *ANCHORS.items()] if v in runs and t in runs}

@@ -84,10 +84,16 @@ def test_a_profiled_steps_gpu_time_is_summed_from_its_trace():
         {"cat": "kernel", "name": "gemm", "ts": 1000, "dur": 100},
         {"cat": "kernel", "name": "ncclDevKernel_AllGather", "ts": 0, "dur": 2000},
         {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 99999},
+        {"cat": "cpu_op", "name": "aten::_fused_adamw_", "ts": 4800, "dur": 400},
+        {"cat": "cpu_op", "name": "aten::_fused_adamw_", "ts": 5100, "dur": 500},  # 4800-5600
         {"ph": "M", "name": "process_name"}]}
     p = fsdp_offload.profile_summary(trace, 0.01)
+    beside = p["to_gpu"].pop("beside_adamw")
     assert p["to_gpu"] == {"copies": 3, "bytes": 9_000_000, "seconds": 0.0025, "gbps": 3.6}
+    # the copy at 5000-6000 ran 600 of its 1000 us beside the AdamW; the others none
+    assert beside == {"copies": 1, "bytes": 2_000_000, "seconds": 0.001, "gbps": 2.0}
+    assert p["home"].pop("beside_adamw")["copies"] == 0
     assert p["home"] == {"copies": 1, "bytes": 1_000_000, "seconds": 0.0005, "gbps": 2.0}
     assert p["compute_s"] == pytest.approx(0.0006) and p["nccl_s"] == pytest.approx(0.002)
-    assert p["wall_s"] == 0.01
+    assert p["adamw_s"] == pytest.approx(0.0008) and p["wall_s"] == 0.01
 
