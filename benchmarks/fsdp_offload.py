@@ -146,14 +146,24 @@ def profile_summary(trace: dict, wall_s: float) -> dict:
 
 
 def profiled_step(variant, model, optimizer, loss_fn, offload_train) -> dict:
-    """One more step under torch.profiler (CPU and CUDA): profile_summary
-    of it."""
+    """One more step under torch.profiler (CPU and CUDA; every thread, the
+    host worker's too, and the CUDA synchronizations, where this torch
+    can): profile_summary of it. With FSDP_TRACE_DIR set, rank 0 keeps its
+    trace there, gzipped (<variant>-rank0.json.gz)."""
+    import gzip
+    import shutil
     import tempfile
     import torch
+    import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
                                            if torch.cuda.is_available() else [])
-    with profile(activities=activities) as prof:
+    try:
+        config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True,
+                                                        enable_cuda_sync_events=True)
+    except (AttributeError, TypeError):        # (an older torch: the profiling thread's alone)
+        config = None
+    with profile(activities=activities, experimental_config=config) as prof:
         t0 = time.perf_counter()
         loss = loss_fn(model)
         offload_train.train_step(variant, model, optimizer, loss)
@@ -164,6 +174,12 @@ def profiled_step(variant, model, optimizer, loss_fn, offload_train) -> dict:
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "trace.json")
         prof.export_chrome_trace(path)
+        keep = os.environ.get("FSDP_TRACE_DIR")
+        if keep and (not dist.is_initialized() or dist.get_rank() == 0):
+            os.makedirs(keep, exist_ok=True)
+            with open(path, "rb") as f, gzip.open(os.path.join(keep, f"{variant}-rank0.json.gz"),
+                                                  "wb") as g:
+                shutil.copyfileobj(f, g)
         with open(path) as f:
             return profile_summary(json.load(f), wall)
 
