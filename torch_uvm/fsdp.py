@@ -200,7 +200,7 @@ class ShardSteps:
                 ready.synchronize()
             start = time.perf_counter()
             with host_step.stepping_threads(self.threads, self._rank_threads):
-                self._step(unit)
+                self._step(unit, on_local_shards=True)     # (the GIL free: narrowed_step)
                 self._let_go(unit)
             self._host_seconds += time.perf_counter() - start     # (this thread's alone)
             self._host_steps += 1
@@ -249,13 +249,14 @@ class ShardSteps:
                         local.record_stream(torch.cuda.current_stream())
                     p.grad = None
 
-    def _step(self, unit: int) -> None:
+    def _step(self, unit: int, on_local_shards: bool = False) -> None:
         """The optimizer's own step over the group's parameters with
-        gradients (its global step hooks run once a group)."""
+        gradients (its global step hooks run once a group); on the worker,
+        through their local shards."""
         ids = {id(p) for p in self.params[unit] if p.grad is not None}
         if ids:
             with self._stepping:
-                step_over(self.optimizer, self._own_step, ids, {})
+                step_over(self.optimizer, self._own_step, ids, {}, on_local_shards)
 
     def end_backward(self) -> None:
         """The backward's end: the compute stream waits for the steps taken

@@ -6,6 +6,7 @@ for the last micro-batch) steps as FSDP2 does; clipping, accumulation with
 the sync on, and a closure are refused."""
 import os
 import socket
+import threading
 import traceback
 
 import pytest
@@ -88,7 +89,12 @@ def worker(rank, world, port, queue):
         optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
         steps = tfsdp.step_in_backward(model, optimizer)
         out["groups"] = steps.names
+        seen = optimizer.register_step_pre_hook(lambda o, _a, _k: out.setdefault(
+            "worker_saw", []).append((threading.current_thread() is threading.main_thread(),
+                                      sorted({type(p).__name__ for g in o.param_groups
+                                              for p in g["params"]}))))
         got = train(model, optimizer, rank, out, steps)
+        seen.remove()
         out["losses_equal"] = got == want
         (gp, gs), (wp, ws) = full(model, optimizer), full(reference, ref_opt)
         out["params_equal"] = all(torch.equal(a, b) for a, b in zip(gp, wp))
@@ -234,6 +240,15 @@ def test_each_param_group_steps_in_backward_as_fsdp2_steps_after_it(ranks):
         assert out["groups"] == ["4", "2", "0"]        # one a block; the root owns none
         assert out["grads_after_backward"] == [0] * STEPS   # stepped, their gradients let go
         assert out["losses_equal"] and out["params_equal"] and out["states_equal"]
+
+
+def test_the_worker_steps_each_groups_local_shards_once_they_have_states(ranks):
+    """DTensor's dispatch keeps the GIL through a kernel: a worker stepping
+    DTensors would stall the backward's Python hooks (narrowed_step.py). Each
+    group's first step makes its states as DTensors; the later ones step
+    the local shards."""
+    for out in ranks.values():
+        assert out["worker_saw"] == [(False, ["DTensor"])] * 3 + [(False, ["Tensor"])] * 6
 
 
 def test_what_the_optimizer_does_not_hold_and_a_part_thawed_later_step_as_fsdp2_steps(ranks):
