@@ -14,6 +14,9 @@ the variants interleaved round by round:
   (torch_uvm.fsdp.step_in_backward): the same arithmetic, checked bit for bit;
 - the two again with FSDP2's MixedPrecisionPolicy (_bf16: bf16 gathered and
   computed, fp32 reduced);
+- fsdp2_cpu_offload_bf16_uvm_local_steps: the worker steps each group's
+  local shards, not its DTensors (ShardSteps.on_local_shards): the GIL
+  free while the kernel runs;
 - fsdp2_resident: FSDP2 without offload, where it fits (more memory);
 - deepspeed_zero3_offload_bf16: DeepSpeed ZeRO-3 with parameters and
   optimizer offloaded (pinned), bf16 gathered and computed over fp32
@@ -37,7 +40,8 @@ The twins' losses are bit for bit only with deterministic kernels
 (OFFLOAD_DETERMINISTIC=1: eager attention too); otherwise the check says
 how far apart they are. Prints a table and writes
 fsdp_offload-<G>gpu-<shape>.json and .png to --out; --append adds rounds to
-that file's (one device call a round, say). --profile adds one step after
+that file's (one device call a round, say). FSDP_STEPS sets the steps of a
+launch (default 5); a step's time is the median over all but the first. --profile adds one step after
 the timed ones, under torch.profiler on each rank and not timed: where its
 time went on the GPU (profile_summary), printed beside the table."""
 import argparse
@@ -55,15 +59,17 @@ import method  # noqa: E402
 VARIANTS = ["fsdp2_cpu_offload", "fsdp2_cpu_offload_uvm_steps",
             "fsdp2_cpu_offload_bf16", "fsdp2_cpu_offload_bf16_uvm_steps"]
 # (DeepSpeed comes as wheels: docs/development.md; its CPU Adam compiles at first use)
-EXTRA = ["fsdp2_resident", "deepspeed_zero3_offload_bf16"]
+EXTRA = ["fsdp2_cpu_offload_bf16_uvm_local_steps", "fsdp2_resident",
+         "deepspeed_zero3_offload_bf16"]
 # DeepSpeed ZeRO-3's live parameters, in elements (stage3_max_live_parameters)
 DEEPSPEED_LIVE = 1 << 30
 # each variant stepped in backward by torch_uvm, and FSDP2's own: bit for bit
 TWINS = {"fsdp2_cpu_offload_uvm_steps": "fsdp2_cpu_offload",
-         "fsdp2_cpu_offload_bf16_uvm_steps": "fsdp2_cpu_offload_bf16"}
+         "fsdp2_cpu_offload_bf16_uvm_steps": "fsdp2_cpu_offload_bf16",
+         "fsdp2_cpu_offload_bf16_uvm_local_steps": "fsdp2_cpu_offload_bf16"}
 # and the other offloading anchor of the same training (bf16 gathered, fp32 master)
 ANCHORS = {"fsdp2_cpu_offload_bf16_uvm_steps": "deepspeed_zero3_offload_bf16"}
-STEPS, BATCH, SEQ, LR = 5, 4, 1024, 1e-4
+STEPS, BATCH, SEQ, LR = int(os.environ.get("FSDP_STEPS", "5")), 4, 1024, 1e-4
 
 
 def build(shape: str, device):
@@ -222,9 +228,10 @@ def rank_main(variant: str, shape: str, out: str, profiled: bool = False) -> Non
                                                                     (dist.get_world_size(),)))
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
     host_threads = shard_steps = None
-    if variant.endswith("_uvm_steps"):
+    if variant.endswith(("_uvm_steps", "_uvm_local_steps")):
         import torch_uvm.fsdp
         shard_steps = torch_uvm.fsdp.step_in_backward(model, optimizer)
+        shard_steps.on_local_shards = variant.endswith("_local_steps")
         host_threads = shard_steps.threads
     losses, times, worker = [], [], []
     for _ in range(STEPS):

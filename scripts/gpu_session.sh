@@ -126,7 +126,7 @@ for stage in $stages; do
       ;;
     fsdp)  # issue 57: FSDP2's offload across FSDP_GPUS ranks (benchmarks/fsdp_offload.py),
            # FSDP_ROUNDS a call, added to the rounds of earlier calls on this warm machine
-           # (kept in $LOGS/fsdp); FSDP_VARIANTS, FSDP_SHAPE, FSDP_PROFILE=1 (one profiled step
+           # (kept in $LOGS/fsdp); FSDP_VARIANTS, FSDP_SHAPE, FSDP_STEPS, FSDP_PROFILE=1 (one profiled step
            # more a launch: fsdp_offload.py --profile); DeepSpeed from .whl
       install_wheels
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -23,8 +23,9 @@ Then it steps at once, while the backward goes on:
 A group whose shards are on the CPU (FSDP2's ``CPUOffloadPolicy``, or a CPU
 mesh) steps on one worker thread instead, on the rank's share of the host's
 cores but two (``host_step.rank_threads()``): the backward goes on beside the
-host's step (PyTorch's CPU kernels let go of the GIL), as FSDP2's own
-offload does not. The worker waits for the GPU's work queued before the
+host's step, as FSDP2's own offload does not. (A step of DTensors keeps the
+GIL through its kernel, and so stalls the backward's Python;
+``on_local_shards`` steps their local shards instead: narrowed_step.py.) The worker waits for the GPU's work queued before the
 hook first (the gradient's copy home among it). The next forward, before
 FSDP2 gathers anything, and ``optimizer.step()`` wait for every queued step
 (and raise its error, if one failed).
@@ -88,6 +89,11 @@ class ShardSteps:
                  groups: List[Tuple[str, List[torch.nn.Parameter]]], threads: int = 0):
         self.model, self.optimizer = model, optimizer
         self.threads = threads     # the host worker's (host_step.rank_threads()); 0: none
+        # The worker steps each group's DTensors, whose dispatch keeps the GIL
+        # through the kernel and so stalls the backward's Python hooks; True
+        # steps their local shards (narrowed_step.py), the GIL free. Off until
+        # measured faster over whole runs (design.md, "Beyond one GPU").
+        self.on_local_shards = False
         self._rank_threads = torch.get_num_threads()   # given back after each host step
         self.names = [n for n, _ in groups]
         self.params = [ps for _, ps in groups]
@@ -200,7 +206,7 @@ class ShardSteps:
                 ready.synchronize()
             start = time.perf_counter()
             with host_step.stepping_threads(self.threads, self._rank_threads):
-                self._step(unit, on_local_shards=True)     # (the GIL free: narrowed_step)
+                self._step(unit, on_local_shards=self.on_local_shards)
                 self._let_go(unit)
             self._host_seconds += time.perf_counter() - start     # (this thread's alone)
             self._host_steps += 1

@@ -88,6 +88,7 @@ def worker(rank, world, port, queue):
         out["other_untouched"] = "step" not in vars(stray)
         optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
         steps = tfsdp.step_in_backward(model, optimizer)
+        steps.on_local_shards = True
         out["groups"] = steps.names
         seen = optimizer.register_step_pre_hook(lambda o, _a, _k: out.setdefault(
             "worker_saw", []).append((threading.current_thread() is threading.main_thread(),
@@ -244,9 +245,10 @@ def test_each_param_group_steps_in_backward_as_fsdp2_steps_after_it(ranks):
 
 def test_the_worker_steps_each_groups_local_shards_once_they_have_states(ranks):
     """DTensor's dispatch keeps the GIL through a kernel: a worker stepping
-    DTensors would stall the backward's Python hooks (narrowed_step.py). Each
-    group's first step makes its states as DTensors; the later ones step
-    the local shards."""
+    DTensors stalls the backward's Python hooks (narrowed_step.py). With
+    on_local_shards, each group's first step makes its states as DTensors;
+    the later ones step the local shards, bit for bit as FSDP2's own step
+    (the test above)."""
     for out in ranks.values():
         assert out["worker_saw"] == [(False, ["DTensor"])] * 3 + [(False, ["Tensor"])] * 6
 
