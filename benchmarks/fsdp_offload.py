@@ -155,7 +155,7 @@ def profiled_step(variant, model, optimizer, loss_fn, offload_train) -> dict:
     """One more step under torch.profiler (CPU and CUDA; every thread, the
     host worker's too, and the CUDA synchronizations, where this torch
     can): profile_summary of it. With FSDP_TRACE_DIR set, rank 0 keeps its
-    trace there, gzipped (<variant>-rank0.json.gz)."""
+    trace there, gzipped (<variant>-rank0-<ns>.json.gz)."""
     import gzip
     import shutil
     import tempfile
@@ -183,8 +183,8 @@ def profiled_step(variant, model, optimizer, loss_fn, offload_train) -> dict:
         keep = os.environ.get("FSDP_TRACE_DIR")
         if keep and (not dist.is_initialized() or dist.get_rank() == 0):
             os.makedirs(keep, exist_ok=True)
-            with open(path, "rb") as f, gzip.open(os.path.join(keep, f"{variant}-rank0.json.gz"),
-                                                  "wb") as g:
+            name = f"{variant}-rank0-{time.time_ns()}.json.gz"     # (one a launch)
+            with open(path, "rb") as f, gzip.open(os.path.join(keep, name), "wb") as g:
                 shutil.copyfileobj(f, g)
         with open(path) as f:
             return profile_summary(json.load(f), wall)
@@ -392,7 +392,7 @@ def report(runs: dict, rates: list, gpus: int, out: str, shape: str = "3b") -> d
                 return (f"{c['bytes'] / 1e9:.1f} GB in {c['seconds']:.3f} s"
                         + (f" ({c['gbps']:.1f} GB/s)" if c["gbps"] else ""))
             print(f"  {v}, a profiled step, rank {rank}: {p['wall_s']:.3f} s; compute kernels "
-                  f"{p['compute_s']:.3f} s, NCCL {p['nccl_s']:.3f} s, host AdamW "
+                  f"{p['compute_s']:.3f} s, NCCL {p['nccl_s']:.3f} s, CPU ops named adamw "
                   f"{p.get('adamw_s', 0):.3f} s; " + "; ".join(
                       f"{k.replace('_', ' ')} {moved(p[k])}"
                       + (f", of it beside the AdamW {moved(p[k]['beside_adamw'])}"
@@ -439,6 +439,9 @@ def main(argv=None):
     if args.rank_of:
         rank_main(args.rank_of, args.shape, args.result, args.profile)
         return
+    if STEPS < 2:
+        ap.error(f"FSDP_STEPS is the steps of a launch, at least 2 (the first is not timed); "
+                 f"got {STEPS}")
     variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS + EXTRA]
     if unknown:

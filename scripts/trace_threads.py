@@ -24,12 +24,15 @@ def load(path: str) -> list:
 
 
 def summary(events: list) -> dict:
+    if not events:
+        return {"span_s": 0.0, "threads": [], "backward_hooks": {}, "host_steps": []}
     t0 = min(e["ts"] for e in events)
     span = (max(e["ts"] + e["dur"] for e in events) - t0) / 1e6
-    threads = collections.Counter(e.get("tid") for e in events if e.get("cat") == "cpu_op")
+    threads = collections.Counter((e.get("pid"), e.get("tid")) for e in events
+                                  if e.get("cat") == "cpu_op")
     busiest = []
-    for tid, ops in threads.most_common(3):
-        mine = [e for e in events if e.get("tid") == tid]
+    for (pid, tid), ops in threads.most_common(3):
+        mine = [e for e in events if (e.get("pid"), e.get("tid")) == (pid, tid)]
         busiest.append({
             "tid": tid, "cpu_ops": ops,
             "from_s": (min(e["ts"] for e in mine) - t0) / 1e6,

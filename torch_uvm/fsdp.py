@@ -25,9 +25,11 @@ mesh) steps on one worker thread instead, on the rank's share of the host's
 cores but two (``host_step.rank_threads()``): the backward goes on beside the
 host's step, as FSDP2's own offload does not. (A step of DTensors keeps the
 GIL through its kernel, and so stalls the backward's Python;
-``on_local_shards`` steps their local shards instead: narrowed_step.py.) The worker waits for the GPU's work queued before the
-hook first (the gradient's copy home among it). The next forward, before
-FSDP2 gathers anything, and ``optimizer.step()`` wait for every queued step
+``on_local_shards`` steps their local shards instead: narrowed_step.py.)
+The worker waits for the GPU's work queued before the hook first (the
+gradient's copy home among it). The next forward, before FSDP2 gathers
+anything, ``optimizer.step()``, ``zero_grad()``, ``state_dict()``,
+``load_state_dict()`` and ``add_param_group()`` wait for every queued step
 (and raise its error, if one failed).
 
 Accumulation is FSDP2's own: its gradient sync off for every micro-batch
@@ -119,6 +121,13 @@ class ShardSteps:
         self._own_zero_grad = optimizer.zero_grad
         optimizer.zero_grad = self.zero_grad
         optimizer.step = self.step
+        # what reads or changes the optimizer's states and groups: after the
+        # worker's steps (which narrow the groups, and may key states by
+        # local shards while they run)
+        self._waits_first = {name: getattr(optimizer, name)
+                             for name in ("state_dict", "load_state_dict", "add_param_group")}
+        for name, own in self._waits_first.items():
+            setattr(optimizer, name, self._after_queued_steps(own))
         optimizer._torch_uvm_shard_steps = self
         clipping.watch(self)
 
@@ -237,6 +246,12 @@ class ShardSteps:
             self.lifecycle.step_ends()
             raise failed[0]
 
+    def _after_queued_steps(self, own):
+        def call(*args, **kwargs):
+            self.wait()
+            return own(*args, **kwargs)
+        return call
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """optimizer.zero_grad(), after the host's steps (they read the
         gradients and let them go)."""
@@ -296,8 +311,8 @@ class ShardSteps:
                 if any(id(p) in ids for p in self.params[u])]
 
     def undo(self) -> None:
-        """The hooks removed and the optimizer's own step and zero_grad back,
-        after the host's steps queued (a failed one's error raises after)."""
+        """The hooks removed and the optimizer's own methods back, after the
+        host's steps queued (a failed one's error raises after)."""
         try:
             self.wait()
         finally:
@@ -309,6 +324,8 @@ class ShardSteps:
             self._hooks.clear()
             self.optimizer.step = self._own_step
             self.optimizer.zero_grad = self._own_zero_grad
+            for name, own in self._waits_first.items():
+                setattr(self.optimizer, name, own)
             del self.optimizer._torch_uvm_shard_steps
             clipping.unwatch(self)
 

@@ -8,7 +8,8 @@ gradient's and its states'. For an elementwise optimizer this is the same
 arithmetic on the same memory. It matters on a thread beside the backward:
 DTensor's dispatch runs in Python and keeps the GIL through the whole
 kernel, so a host worker stepping DTensors stalls every Python hook of the
-backward (FSDP2's among them) for as long as each step runs."""
+backward (FSDP2's among them) for as long as each step runs. The
+optimizer's step hooks see the plain tensors in its param groups."""
 from __future__ import annotations
 
 from typing import Callable, List, Set, Tuple
@@ -34,8 +35,8 @@ def _locals(optimizer, params) -> List[Tuple[torch.Tensor, torch.Tensor, dict]]:
             plain = p.to_local().detach()
             if p.grad is not None:
                 plain.grad = p.grad.to_local().detach()
-        out.append((plain, p, {k: v.to_local() if _is_dtensor(v) else v
-                               for k, v in state.items()}))
+            out.append((plain, p, {k: v.to_local() if _is_dtensor(v) else v
+                                   for k, v in state.items()}))
     return out
 
 
@@ -62,12 +63,15 @@ def step_over(optimizer, own: Callable, ids: Set[int], kwargs,
     finally:
         for g, all_params in zip(groups, saved):
             g["params"] = all_params
-        for plain, p, states in swapped:
-            after = optimizer.state.pop(plain, {})
-            for k, v in after.items():      # (one the step replaced, not updated in place)
-                if v is not states.get(k):
-                    kept = optimizer.state[p].get(k)
-                    if _is_dtensor(kept):
-                        kept.to_local().copy_(v)
-                    else:
-                        optimizer.state[p][k] = v
+        # every plain key out of the optimizer's state first (its state_dict
+        # knows only its parameters), then what the step replaced written back
+        afters = [(p, states, optimizer.state.pop(plain, {})) for plain, p, states in swapped]
+        with torch.no_grad():
+            for p, states, after in afters:
+                for k, v in after.items():    # (one the step replaced, not updated in place)
+                    if v is not states.get(k):
+                        kept = optimizer.state[p].get(k)
+                        if _is_dtensor(kept):
+                            kept.to_local().copy_(v)
+                        else:
+                            optimizer.state[p][k] = v

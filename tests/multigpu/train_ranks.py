@@ -13,6 +13,8 @@ Modes:
   fsdp2_offload_steps  the same, each param group stepped on torch_uvm's host
                        worker in the backward (torch_uvm.fsdp.step_in_backward):
                        its losses and weights equal fsdp2_offload's bit for bit
+  fsdp2_offload_local_steps  the same, the worker stepping local shards
+                       (ShardSteps.on_local_shards): bit for bit too
   lightning_offload    Lightning's Trainer on the ranks, each rank's replica offloaded
                        by torch_uvm.lightning.OffloadDDPStrategy under half the model
   lightning_resident   its reference: the same Trainer with Lightning's DDP strategy
@@ -128,6 +130,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=["ddp", "fsdp2", "ddp_offload", "ddp_resident",
                                        "fsdp2_offload", "fsdp2_offload_steps",
+                                       "fsdp2_offload_local_steps",
                                        "lightning_offload", "lightning_resident",
                                        "accelerate_offload", "accelerate_resident"],
                     required=True)
@@ -175,7 +178,8 @@ def main():
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
         if args.mode.endswith("_steps"):
             import torch_uvm.fsdp
-            torch_uvm.fsdp.step_in_backward(model, optimizer)
+            steps = torch_uvm.fsdp.step_in_backward(model, optimizer)
+            steps.on_local_shards = args.mode.endswith("_local_steps")
     elif args.mode == "ddp_offload":
         import torch_uvm
         handle = torch_uvm.offload(model, budget=half_budget(model), device=device)

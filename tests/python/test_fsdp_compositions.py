@@ -142,6 +142,10 @@ def held(mesh, rank, out):
         if i == 0:                            # an evaluation's forward waits for them
             with torch.no_grad():
                 model(x)
+        if i == 1:                            # so does a state_dict (a checkpoint's)
+            saved = optimizer.state_dict()
+            out["held_pending_after_state_dict"] = shard_steps.pending()
+            out["held_state_dict_params"] = len(saved["state"])
         optimizer.step()                      # and so does the step
         out.setdefault("held_order", []).append(list(order))
         out.setdefault("held_pending_after_step", []).append(shard_steps.pending())
@@ -257,6 +261,7 @@ def test_the_host_steps_overlap_the_backward_and_the_forward_and_step_wait_for_t
         assert out["held_grads_after_backward"] == [6] * STEPS     # let go after its step
         assert out["held_order"] == [["step"] * 3 + ["forward"]] + [["step"] * 3] * (STEPS - 1)
         assert out["held_pending_after_step"] == [0] * STEPS
+        assert out["held_pending_after_state_dict"] == 0 and out["held_state_dict_params"] == 6
         assert out["held_threads"] == (3, 3, 1, 1)   # the worker's, chosen; the rank's, kept
         stats = out["held_stats"]                  # every group's steps, each waited for
         assert stats["host_steps"] == 3 * STEPS

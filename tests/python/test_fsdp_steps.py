@@ -96,6 +96,11 @@ def worker(rank, world, port, queue):
                                               for p in g["params"]}))))
         got = train(model, optimizer, rank, out, steps)
         seen.remove()
+        # the states keyed by the parameters alone (no local shard left), so a
+        # checkpoint's state_dict reads them
+        out["state_keys_are_params"] = (
+            {id(k) for k in optimizer.state} == {id(p) for p in model.parameters()}
+            and len(optimizer.state_dict()["state"]) == len(list(model.parameters())))
         out["losses_equal"] = got == want
         (gp, gs), (wp, ws) = full(model, optimizer), full(reference, ref_opt)
         out["params_equal"] = all(torch.equal(a, b) for a, b in zip(gp, wp))
@@ -191,7 +196,10 @@ def worker(rank, world, port, queue):
             m[4].weight.requires_grad_(False)
             o = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=0.05)
             if ours:
-                s = tfsdp.step_in_backward(m, o)
+                s = tfsdp.step_in_backward(m, o)     # (on_local_shards off: the default)
+                o.register_step_pre_hook(lambda o, _a, _k: out.setdefault(
+                    "default_saw", set()).update(type(p).__name__ for g in o.param_groups
+                                                 for p in g["params"]))
             torch.manual_seed(40 + rank)
             stepped = []
             for _ in range(2):
@@ -251,6 +259,8 @@ def test_the_worker_steps_each_groups_local_shards_once_they_have_states(ranks):
     (the test above)."""
     for out in ranks.values():
         assert out["worker_saw"] == [(False, ["DTensor"])] * 3 + [(False, ["Tensor"])] * 6
+        assert out["state_keys_are_params"]
+        assert out["default_saw"] == {"DTensor"}      # off by default: the DTensors step
 
 
 def test_what_the_optimizer_does_not_hold_and_a_part_thawed_later_step_as_fsdp2_steps(ranks):

@@ -29,19 +29,20 @@ def test_the_data_parallel_script_runs_two_cpu_ranks(tmp_path):
 
 def test_fsdp2s_offload_stepped_on_torch_uvms_worker_equals_its_own_step_on_two_cpu_ranks(
         tmp_path):
-    """fsdp2_offload_steps against fsdp2_offload (FSDP2's CPUOffloadPolicy,
-    fused CPU AdamW): the same losses and weights, bit for bit."""
+    """fsdp2_offload_steps and fsdp2_offload_local_steps against
+    fsdp2_offload (FSDP2's CPUOffloadPolicy, fused CPU AdamW): the same
+    losses and weights, bit for bit."""
     runs = {}
-    for mode in ("fsdp2_offload", "fsdp2_offload_steps"):
+    for mode in ("fsdp2_offload", "fsdp2_offload_steps", "fsdp2_offload_local_steps"):
         out = tmp_path / f"{mode}.json"
         r = torchrun(TRAIN, "--mode", mode, "--uvm", "0", "--device", "cpu", "--steps", "3",
                      "--out", str(out), timeout=300)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
         runs[mode] = json.loads(out.read_text())["ranks"]
-    assert [x["losses"] for x in runs["fsdp2_offload_steps"]] == \
-        [x["losses"] for x in runs["fsdp2_offload"]]
-    assert [x["params_sha1"] for x in runs["fsdp2_offload_steps"]] == \
-        [x["params_sha1"] for x in runs["fsdp2_offload"]]
+    for ours in ("fsdp2_offload_steps", "fsdp2_offload_local_steps"):
+        assert [x["losses"] for x in runs[ours]] == [x["losses"] for x in runs["fsdp2_offload"]]
+        assert [x["params_sha1"] for x in runs[ours]] == \
+            [x["params_sha1"] for x in runs["fsdp2_offload"]]
 
 
 def test_the_trainers_loops_give_plain_ddps_losses_and_weights_on_two_cpu_ranks(tmp_path):

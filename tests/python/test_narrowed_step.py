@@ -74,6 +74,32 @@ for name, make in {
                             for w, g in zip(ws, gs)),
         "untouched_has_no_state": gs[1] == {},
         "seen": seen, "kinds": kinds}
+# a step that raises: the groups and the states as they were, keyed by the parameters
+make = lambda ps: torch.optim.AdamW(ps, lr=1e-2, fused=True)
+torch.manual_seed(0)
+ps = [torch.nn.Parameter(distribute_tensor(torch.randn(9, 4), mesh, [Shard(0)]))
+      for _ in range(3)]
+opt = make(ps)
+for p in ps:
+    p.grad = distribute_tensor(torch.randn(9, 4), mesh, [Shard(0)])
+opt.step()
+
+
+def fails():
+    opt.step()
+    raise RuntimeError("this step failed")
+
+
+try:
+    step_over(opt, fails, {id(ps[0]), id(ps[2])}, {}, True)
+except RuntimeError as e:
+    out["raised"] = str(e)
+out["after_raise"] = {
+    "groups": [len(g["params"]) for g in opt.param_groups],
+    "keys_are_params": {id(k) for k in opt.state} == {id(p) for p in ps},
+    "state_dict": len(opt.state_dict()["state"]),
+    "states_dtensors": all(type(v).__name__ == "DTensor" for p in ps
+                           for k, v in opt.state[p].items() if k != "step")}
 print("RESULT", json.dumps(out))
 """
 
@@ -100,3 +126,9 @@ def test_a_state_the_step_replaces_reaches_the_dtensors(results):
     assert got["seen"] == [["DTensor"], ["Tensor"], ["Tensor"]]
     # a replaced DTensor state is written into its shard; a replaced plain one is kept
     assert got["kinds"] == [["buf", "DTensor"], ["count", "Tensor"]]
+
+
+def test_a_step_that_raises_leaves_the_groups_and_the_states_keyed_by_the_parameters(results):
+    assert results["raised"] == "this step failed"
+    assert results["after_raise"] == {"groups": [3], "keys_are_params": True, "state_dict": 3,
+                                      "states_dtensors": True}
