@@ -41,7 +41,9 @@ The twins' losses are bit for bit only with deterministic kernels
 how far apart they are. Prints a table and writes
 fsdp_offload-<G>gpu-<shape>.json and .png to --out; --append adds rounds to
 that file's (one device call a round, say). FSDP_STEPS sets the steps of a
-launch (default 5); a step's time is the median over all but the first. --profile adds one step after
+launch (default 5); a step's time is the median over all but the first.
+Each step is also split where the CPU sees it: the forward returning, the
+backward returning, the step and zero_grad returning (`phases`). --profile adds one step after
 the timed ones, under torch.profiler on each rank and not timed: where its
 time went on the GPU (profile_summary), printed beside the table."""
 import argparse
@@ -233,7 +235,7 @@ def rank_main(variant: str, shape: str, out: str, profiled: bool = False) -> Non
         shard_steps = torch_uvm.fsdp.step_in_backward(model, optimizer)
         shard_steps.on_local_shards = variant.endswith("_local_steps")
         host_threads = shard_steps.threads
-    losses, times, worker = [], [], []
+    losses, times, worker, phases = [], [], [], []
     for _ in range(STEPS):
         before = shard_steps.stats() if shard_steps else None
         if cuda:
@@ -241,9 +243,13 @@ def rank_main(variant: str, shape: str, out: str, profiled: bool = False) -> Non
         dist.barrier()
         t0 = time.perf_counter()
         loss = loss_fn(model)
-        offload_train.train_step(variant, model, optimizer, loss)
+        marks = [time.perf_counter()]
+        offload_train.train_step(variant, model, optimizer, loss, marks)
         losses.append(loss.item())
-        times.append(time.perf_counter() - t0)
+        end = time.perf_counter()
+        times.append(end - t0)
+        phases.append({"forward_s": marks[0] - t0, "backward_s": marks[1] - marks[0],
+                       "step_s": end - marks[1]})
         if shard_steps:      # (the host worker's seconds and the caller's wait, this step)
             after = shard_steps.stats()
             worker.append({k: after[k] - before[k] for k in after})
@@ -259,7 +265,7 @@ def rank_main(variant: str, shape: str, out: str, profiled: bool = False) -> Non
     import offload_llama
     mine = {"rank": dist.get_rank(), "losses": losses, "times_s": times,
             "threads": torch.get_num_threads(), "host_step_threads": host_threads,
-            "host_worker": worker, "profiled_step": profiled,
+            "host_worker": worker, "phases": phases, "profiled_step": profiled,
             "process_gpu_memory": gpu.result() if gpu is not None else None,
             "host_peak_bytes": offload_llama.host_peak_bytes()}
     ranks = [None] * dist.get_world_size()
@@ -365,6 +371,17 @@ def report(runs: dict, rates: list, gpus: int, out: str, shape: str = "3b") -> d
         print(f"| {v} | {tps['median']:.0f} ({tps['min']:.0f}–{tps['max']:.0f}) | "
               f"{secs['median']:.3f} | {x_cell} | {gpu_cell} | "
               f"{method.gib_cell(host_peak)} GiB | {same_cell} |")
+    for v, rs in runs.items():        # each phase of the steady steps, the slower rank's
+        steady = [[rank["phases"][i] for rank in r["ranks"]] for r in rs if r
+                  for i in range(1, len(r["ranks"][0].get("phases") or []))]
+        if steady:
+            got = {k: method.summarize([max(p[k] for p in ranks) for ranks in steady])
+                   for k in ("forward_s", "backward_s", "step_s")}
+            table[v]["phases"] = got
+            print(f"  {v}: the forward returned after {got['forward_s']['median']:.3f} s, the "
+                  f"backward {got['backward_s']['median']:.3f} s after it, the step and zero_grad "
+                  f"{got['step_s']['median']:.3f} s after that (medians; the CPU's view, the "
+                  f"GPU's work may end later)")
     for v, rs in runs.items():        # where a host worker's step time went
         steady = [w for r in rs if r for rank in r["ranks"]
                   for w in (rank.get("host_worker") or [])[1:]]

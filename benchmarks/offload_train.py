@@ -359,14 +359,19 @@ def deepspeed_zero_offload(model, config):
     return engine
 
 
-def train_step(variant, model, optimizer, loss) -> None:
+def train_step(variant, model, optimizer, loss, marks=None) -> None:
     """The backward and the step of `loss`: a DeepSpeed variant's engine's
-    own (it zeroes the gradients), else the optimizer's, then zero_grad."""
+    own (it zeroes the gradients), else the optimizer's, then zero_grad.
+    `marks`, a list, gets time.perf_counter() when the backward returns."""
     if variant.startswith("deepspeed"):
         model.backward(loss)
-        model.step()
     else:
         loss.backward()
+    if marks is not None:
+        marks.append(time.perf_counter())
+    if variant.startswith("deepspeed"):
+        model.step()
+    else:
         optimizer.step()
         optimizer.zero_grad()
 

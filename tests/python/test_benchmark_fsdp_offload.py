@@ -25,6 +25,10 @@ def test_the_offload_benchmark_runs_two_cpu_ranks_and_checks_the_twins(tmp_path,
     assert "fsdp2_cpu_offload_uvm_steps / fsdp2_cpu_offload, s a step" in saved["comparisons"]
     assert "| fsdp2_cpu_offload_uvm_steps |" in capsys.readouterr().out
     assert run["shape"] == "tiny" and all(r["threads"] >= 1 for r in run["ranks"])
+    for rank in run["ranks"]:          # each step split in three, adding up to its time
+        assert [sum(p.values()) for p in rank["phases"]] == pytest.approx(rank["times_s"],
+                                                                        rel=1e-2)
+    assert set(table["fsdp2_cpu_offload"]["phases"]) == {"forward_s", "backward_s", "step_s"}
     fsdp_offload.main(["--gpus", "2", "--cpu", "--shape", "tiny", "--rounds", "1", "--append",
                        "--variants", "fsdp2_cpu_offload", "--profile",
                        "--out", str(tmp_path)])          # a second round of one, added
