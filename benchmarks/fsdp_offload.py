@@ -70,7 +70,8 @@ TWINS = {"fsdp2_cpu_offload_uvm_steps": "fsdp2_cpu_offload",
          "fsdp2_cpu_offload_bf16_uvm_steps": "fsdp2_cpu_offload_bf16",
          "fsdp2_cpu_offload_bf16_uvm_local_steps": "fsdp2_cpu_offload_bf16"}
 # and the other offloading anchor of the same training (bf16 gathered, fp32 master)
-ANCHORS = {"fsdp2_cpu_offload_bf16_uvm_steps": "deepspeed_zero3_offload_bf16"}
+ANCHORS = {"fsdp2_cpu_offload_bf16_uvm_steps": "deepspeed_zero3_offload_bf16",
+           "fsdp2_cpu_offload_bf16_uvm_local_steps": "deepspeed_zero3_offload_bf16"}
 STEPS, BATCH, SEQ, LR = int(os.environ.get("FSDP_STEPS", "5")), 4, 1024, 1e-4
 
 
