@@ -106,17 +106,7 @@ def profile_summary(trace: dict, wall_s: float) -> dict:
     thread): the seconds some such op ran, and each direction's copies that
     ran at least half their time beside it (`beside_adamw`, their GB/s), to
     tell whether the host's memory slows the copies the GPU waits on."""
-    def union(spans):
-        total, end = 0.0, float("-inf")
-        for a, b in sorted(spans):
-            if b > end:
-                total += b - max(a, end)
-                end = b
-        return total / 1e6
-    def overlap(a, b, spans):      # (of [a, b] with the sorted, disjoint spans)
-        return sum(max(0.0, min(b, y) - max(a, x)) for x, y in spans)
-
-    def disjoint(spans):
+    def disjoint(spans):           # (the spans merged where they overlap)
         out = []
         for a, b in sorted(spans):
             if out and a <= out[-1][1]:
@@ -124,6 +114,12 @@ def profile_summary(trace: dict, wall_s: float) -> dict:
             else:
                 out.append([a, b])
         return out
+
+    def union(spans):              # (seconds; overlaps counted once)
+        return sum(b - a for a, b in disjoint(spans)) / 1e6
+
+    def overlap(a, b, spans):      # (of [a, b] with the sorted, disjoint spans)
+        return sum(max(0.0, min(b, y) - max(a, x)) for x, y in spans)
 
     def rate(n, nbytes, spans):
         secs = union(spans)          # (copies on several streams: once)

@@ -118,14 +118,12 @@ class ShardSteps:
         ref = weakref.ref(self)
         self._hooks.append(model.register_forward_pre_hook(
             lambda _m, _a: (lambda s: s and s.before_forward())(ref()), prepend=True))
-        self._own_zero_grad = optimizer.zero_grad
-        optimizer.zero_grad = self.zero_grad
         optimizer.step = self.step
-        # what reads or changes the optimizer's states and groups: after the
-        # worker's steps (which narrow the groups, and may key states by
-        # local shards while they run)
-        self._waits_first = {name: getattr(optimizer, name)
-                             for name in ("state_dict", "load_state_dict", "add_param_group")}
+        # what reads or changes the optimizer's gradients, states and groups:
+        # after the worker's steps (which read the gradients and let them go,
+        # narrow the groups, and may key states by local shards while they run)
+        self._waits_first = {name: getattr(optimizer, name) for name in
+                             ("zero_grad", "state_dict", "load_state_dict", "add_param_group")}
         for name, own in self._waits_first.items():
             setattr(optimizer, name, self._after_queued_steps(own))
         optimizer._torch_uvm_shard_steps = self
@@ -252,12 +250,6 @@ class ShardSteps:
             return own(*args, **kwargs)
         return call
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """optimizer.zero_grad(), after the host's steps (they read the
-        gradients and let them go)."""
-        self.wait()
-        self._own_zero_grad(set_to_none)
-
     def _let_go(self, unit: int) -> None:
         """The group's gradients the optimizer holds, let go after its step
         (another optimizer's stay)."""
@@ -323,7 +315,6 @@ class ShardSteps:
                 h.remove()
             self._hooks.clear()
             self.optimizer.step = self._own_step
-            self.optimizer.zero_grad = self._own_zero_grad
             for name, own in self._waits_first.items():
                 setattr(self.optimizer, name, own)
             del self.optimizer._torch_uvm_shard_steps
