@@ -12,7 +12,9 @@ each comes from):
 
 * **slots**: the budget (the arena is drawn whole), or the weights if less.
 * **gradients in flight** (training): one unit's gradients being made and
-  one unit's going home, outside the arena (PyTorch's allocator makes them).
+  one unit's stepping or going home, outside the arena (PyTorch's allocator
+  makes them; a backward stepping on the GPU goes on with at most that one
+  step under way).
 * **gradients copying home** (a full fine-tune with ``host_step``, under a
   budget): an eighth of the budget less the gradients in flight, beside
   the slots (under ``gpu_memory``, stream_optimizer holds them to those).
@@ -63,7 +65,7 @@ from typing import Dict, Optional
 
 import torch
 
-from .offload_state import window_bytes
+from .offload_state import STEPS_BEHIND, window_bytes
 from .host_step import copies_share
 from .activations import DEFAULT_WINDOW as ACTIVATIONS_WINDOW
 from .estimate_trace import TraceFailed, decoder_of, decoder_trace, trace
@@ -83,6 +85,10 @@ RUNTIME_BYTES = GiB // 4
 # error: a 7B's generation and full fine-tune under 24 GiB took 5.9% and 5.1%
 # more than estimated (benchmarks/results/2026-11-28-h200, recipes-816cac6).
 MARGIN_PARTS = 16
+# The units whose gradients are alive in training: the one being made, and
+# those whose step (or copy home) the backward goes on beside
+# (offload_state.STEPS_BEHIND).
+IN_FLIGHT = STEPS_BEHIND + 1
 
 
 def streamed_in_training(weights: int, budget: int, least: int) -> int:
@@ -470,7 +476,7 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
         # (the trace runs in the weights' dtype; under autocast, the casts' size)
         saved, work = (int(traced.saved * act / e), int(traced.largest * act / e))
         if training:
-            parts["gradients in flight"] = 2 * largest_trainable
+            parts["gradients in flight"] = IN_FLIGHT * largest_trainable
             if home:     # offload_activations: two windows on their way
                 saved = min(saved, 2 * ACTIVATIONS_WINDOW)
             parts["activations"] = saved + work
@@ -485,7 +491,7 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
         tokens = batch * seq
         layer = tokens * h * (34 + (5 * shape.heads * seq / h if eager_attention else 0)) * act / 2
         if training:
-            parts["gradients in flight"] = 2 * largest_trainable
+            parts["gradients in flight"] = IN_FLIGHT * largest_trainable
             saved = L * tokens * h * e if checkpointing else (L - 1) * layer
             if decoder is not None:     # (read in the activations' dtype)
                 saved = decoder.saved

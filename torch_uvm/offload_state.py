@@ -16,6 +16,11 @@ import torch
 from . import _C
 from .offload_units import Unit
 
+# A backward stepping on the GPU goes on with at most this many units' steps
+# under way (core/steps_behind.h): the gradients alive are theirs and the
+# unit's being made (the estimate's gradients in flight).
+STEPS_BEHIND = 1
+
 # What training streams beside the resident prefix, in units of the largest
 # submodule: `ahead + 1` submodules' weights, and one submodule's gradients
 # and two optimizer states while it steps (needed); and the submodule's

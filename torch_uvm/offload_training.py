@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_leaves
 
 from . import _C, host_step
 from .narrowed_step import step_over
+from .offload_state import STEPS_BEHIND
 
 if TYPE_CHECKING:
     from .offload_state import OffloadState
@@ -175,7 +176,11 @@ def _grads_complete(state: "OffloadState", unit: "Unit") -> None:
         for p in unit.trainable:
             p.grad = None
         executor.discard_grads(unit.index)
+        executor.step_queued()
     life.stepped(unit.index, in_backward=True)
+    # The gradients' memory is reused only once their step ran, and the steps
+    # may lag the backward: it goes on with at most STEPS_BEHIND under way.
+    executor.limit_steps_behind(STEPS_BEHIND)
 
 
 def _end_backward(ref: "weakref.ref[OffloadState]") -> None:

@@ -31,6 +31,8 @@ StreamExecutor::StreamExecutor(ResidencyBudget& budget, ShareId share, c10::Devi
              [](std::size_t bytes) {
                return std::make_shared<TraceScope>("wait_for_home", "", bytes);
              }),
+      steps_behind_(allocator().runtime(),
+                    [] { return std::make_shared<TraceScope>("wait_for_step", "", 0); }),
       compute_done_(allocator().runtime()),
       step_inputs_(allocator().runtime()) {
   TORCH_CHECK(device.is_cuda() && device.has_index(), "torch_uvm: streaming needs a GPU");

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "core/home_copies.h"
+#include "core/steps_behind.h"
 #include "core/residency.h"
 #include "core/resident_plan.h"
 #include "core/unit_schedule.h"
@@ -155,6 +156,15 @@ class StreamExecutor {
   // host waits, oldest first, while more than `bytes` of copies home are
   // under way (core/home_copies.h).
   void limit_copies_home(std::size_t bytes) { homes_.at_most(bytes); }
+  // A step in backward was queued on the current stream (its own), its
+  // gradients let go after it.
+  void step_queued();
+  // In a backward stepping on the GPU: the host waits, oldest first, while
+  // more than `steps` such steps are under way, so that the gradients whose
+  // memory waits for their step are at most those (core/steps_behind.h).
+  void limit_steps_behind(std::size_t steps) { steps_behind_.at_most(steps); }
+  // How many times the backward waited so (tests, stats).
+  std::size_t waits_for_steps() const { return steps_behind_.waits(); }
   // The bytes from beside the arena whose copies home are under way.
   std::size_t copies_home_under_way() {
     homes_.reap();
@@ -296,6 +306,7 @@ class StreamExecutor {
   c10::cuda::CUDAStream home_stream_;
   // Copies home under way, and the waits for them (core/home_copies.h).
   HomeCopies homes_;
+  StepsBehind steps_behind_;
   // Before work that makes `bytes` on the GPU.
   void room_for(std::size_t bytes);
   // Where brought slots come from: one range the size of the budget, or of

@@ -114,6 +114,8 @@ void StreamExecutor::discard_grads(int unit) {
   }
 }
 
+void StreamExecutor::step_queued() { steps_behind_.queued(stream_ref(compute())); }
+
 void StreamExecutor::step_begins() { step_inputs_.record(stream_ref(compute())); }
 
 std::string StreamExecutor::owner_of(const std::vector<at::Tensor>& tensors) const {
