@@ -121,6 +121,19 @@ def where(tensor: torch.Tensor) -> str:
     return {"device": "gpu"}.get(kind, kind)
 
 
+@pytest.fixture(autouse=True)
+def environment_restored():
+    """Each test leaves os.environ as it found it. Lightning's DDP sets
+    MASTER_ADDR, MASTER_PORT and the ranks' variables and leaves them, and
+    accelerate then takes a later example's process (in the same pytest
+    worker) for one rank of a launch and waits for a RANK."""
+    kept = dict(os.environ)
+    yield
+    if os.environ != kept:
+        os.environ.clear()
+        os.environ.update(kept)
+
+
 @pytest.fixture(scope="session")
 def uvm():
     """torch_uvm with UVM on (GPU tests only)."""

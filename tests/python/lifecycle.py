@@ -15,9 +15,11 @@ What the fake checks at each call (CallError when broken):
 - a unit's gradients go home in a backward, at most once;
 - a streamed step brings each unit at most once, between step_begins and
   the pass's end, and only units with gradients;
-- the executor plans after a first forward, from the order it ran.
-Its books (`backwards`, `steps`) let a test check the rest: every unit with
-gradients sent them home, and every one stepped."""
+- the executor plans after a first forward, from the order it ran;
+- a step in backward is queued inside a backward.
+Its books (`backwards`, `steps`, `most_behind`) let a test check the rest:
+every unit with gradients sent them home, every one stepped, and no more
+than STEPS_BEHIND steps were under way beside the one queued."""
 from __future__ import annotations
 
 import contextlib
@@ -53,6 +55,8 @@ class FakeExecutor:
         self.stepped: Counter = Counter()
         self.steps: List[Dict[int, int]] = []       # each step's units brought
         self.in_backward = False
+        self.behind = 0          # steps in backward queued and not yet waited for
+        self.most_behind = 0     # the most under way as one was queued
 
     # plan
     def planned(self) -> bool:
@@ -116,6 +120,15 @@ class FakeExecutor:
 
     def discard_grads(self, i) -> None:
         pass
+
+    def step_queued(self) -> None:
+        if not self.in_backward:
+            raise CallError("a step in backward queued outside a backward")
+        self.behind += 1
+        self.most_behind = max(self.most_behind, self.behind)
+
+    def limit_steps_behind(self, steps) -> None:
+        self.behind = min(self.behind, max(steps, 1))    # the host waits for the oldest
 
     def end_pass(self) -> None:
         if self.in_backward:

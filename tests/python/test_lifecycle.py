@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lifecycle import CallError, cpu_streams, offload_on_cpu
+from torch_uvm.offload_state import STEPS_BEHIND
 
 
 class Partial(torch.nn.Linear):
@@ -195,6 +196,8 @@ def test_a_drawn_loop_steps_as_the_plain_model_and_keeps_the_books(seed):
         assert torch.equal(a, b), f"weights differ: {p}"
     assert same(states(optimizer, model), states(ref_opt, reference)), f"states differ: {p}"
     assert not any(executor.running.values())
+    # a backward stepping went on beside at most STEPS_BEHIND steps under way
+    assert executor.most_behind <= STEPS_BEHIND + 1, p
 
 
 def test_a_second_backward_before_the_step_in_backward_is_refused():
