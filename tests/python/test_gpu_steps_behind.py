@@ -41,7 +41,9 @@ def backward_growth(uvm):
         blocks += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.GELU()]
     model = torch.nn.Sequential(*blocks)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    handle = uvm.offload(model, budget=96 << 20)    # (its weights 128 MiB: they stream)
+    # all resident (weights and states, 384 MiB): nothing waits for room, so
+    # only the bound holds the host back
+    handle = uvm.offload(model, budget=1 << 30)
     optimizer = handle.stream_optimizer(SlowAdamW(model.parameters(), lr=1e-4),
                                         step_in_backward=True)
     x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(1)).cuda()
