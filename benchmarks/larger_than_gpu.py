@@ -6,7 +6,10 @@ residency budget, side by side with the anchors of OFFLOAD.md.
 (a) model: 16 fp16 Linear(8192, 8192) (2 GiB), batch 16, under a 1 GiB budget:
     all resident, torch_uvm.offload, a hand-written pinned double-buffered
     stream with the same resident share, accelerate cpu_offload, and
-    accelerate dispatch_model with the same GPU share.
+    accelerate dispatch_model with the same GPU share; and
+    torch_uvm_bound_<G>GiB, offload(gpu_memory=G GiB, inputs=x): the whole
+    process held to G, the budget chosen within it from the model's inputs
+    (G about what the 1 GiB budget's process took).
 (p) model512: the same model at batch 512 (prefill-like: torch_uvm copies the
     streamed layers into GPU memory one layer ahead), against the pinned
     stream with the same GPU memory.
@@ -41,7 +44,7 @@ PLAN = {
     # torch_uvm mode against a pinned stream keeping the same layers resident
     "model": ["pinned_rate", "resident", "torch_uvm_offload", "torch_uvm_offload_prefetch",
               "pinned_stream_same_share", "pinned_stream", "accelerate_dispatch",
-              "accelerate_cpu_offload"],
+              "accelerate_cpu_offload", "torch_uvm_bound_2GiB"],
     # unbounded: torch_uvm.prefetching with no budget (nothing leaves), to
     # tell the eviction's cost from the prefetch's
     "model512": ["pinned_rate", "resident", "torch_uvm_offload", "pinned_stream", "pinned_stream_same_share"],
@@ -50,7 +53,7 @@ PLAN = {
 }
 BATCHES = {"model": BATCH, "model512": 512}
 UVM_VARIANTS = {"torch_uvm_offload", "torch_uvm_offload_prefetch", "torch_uvm_prefetching", "torch_uvm_prefetching_unbounded",
-                "naive_moves"}
+                "naive_moves", "torch_uvm_bound_2GiB"}
 
 
 # --- the variants (each runs in its own process) ------------------------------
@@ -137,16 +140,33 @@ def measured_resident_bytes(model):
 
 
 def run_model(variant, scenario="model"):
-    import torch
+    """One variant in this process: its result, with the process's GPU memory
+    measured by the driver around everything that touches the GPU."""
     if variant == "pinned_rate":
         return method.pinned_rate()
     if variant in UVM_VARIANTS:
         import torch_uvm
-        torch_uvm.set_enabled_uvm(True)
+        torch_uvm.set_enabled_uvm(True)     # before CUDA starts (the sampler's warm-up)
+    gpu = method.ProcessGpuMemory()
+    with gpu:
+        result = measure_model(variant, scenario)
+    result["process_gpu_memory"] = gpu.result()
+    if result.get("bound_bytes") and result["process_gpu_memory"]:   # against the whole process
+        import torch
+        result["process_gpu_at_start_bytes"] = torch.cuda.mem_get_info()[1] - gpu.baseline_free
+        result["gpu_peak_run_bytes"] = result["process_gpu_memory"]["peak_bytes"]
+    return result
+
+
+def measure_model(variant, scenario):
+    import torch
+    if variant in UVM_VARIANTS:
+        import torch_uvm
     model = build_model().eval()
     x = torch.randn(BATCHES[scenario], WIDTH,
                     generator=torch.Generator().manual_seed(1)).half().cuda()
     moved = peak = None
+    bound = {}
     with torch.no_grad():
         if variant == "resident":
             model.cuda()
@@ -155,6 +175,13 @@ def run_model(variant, scenario="model"):
         elif variant.startswith("torch_uvm_offload"):
             handle = torch_uvm.offload(model, budget=BUDGET, device="cuda", ahead=AHEAD,
                                        mode="prefetch" if variant.endswith("prefetch") else "auto")
+            forward = model
+        elif variant.startswith("torch_uvm_bound_"):   # the budget chosen within the bound
+            torch.cuda.empty_cache()      # (what building the inputs left cached is not the process's)
+            bound["bound_bytes"] = int(method.variant_bound_gib(variant) * GiB)
+            handle = torch_uvm.offload(model, gpu_memory=bound["bound_bytes"], device="cuda",
+                                       ahead=AHEAD, mode="auto", inputs=x)
+            bound["budget_bytes"] = handle.state.bound.budget
             forward = model
         elif variant == "pinned_stream":
             forward, peak, moved = pinned_stream_forward(model, RESIDENT)
@@ -171,7 +198,7 @@ def run_model(variant, scenario="model"):
                                               for i in range(LAYERS)}, main_device=0)
             forward = model
             moved, peak = (LAYERS - gpu_layers) * LAYER_BYTES, (gpu_layers + 1) * LAYER_BYTES
-        uvm = variant.startswith("torch_uvm_offload")
+        uvm = variant.startswith(("torch_uvm_offload", "torch_uvm_bound_"))
         if uvm:
             forward(x)                                   # learns the order
             torch.cuda.synchronize()
@@ -190,7 +217,7 @@ def run_model(variant, scenario="model"):
                      "accounted_resident_bytes": after["resident_bytes.current"],
                      "measured_resident_bytes": measured_resident_bytes(model)}
     torch.save(out.float().cpu(), f"/tmp/ltg_out_{scenario}_{variant}.pt")
-    return {"ms": ms, "moved_bytes": moved, "peak_resident_bytes": peak, **extra}
+    return {"ms": ms, "moved_bytes": moved, "peak_resident_bytes": peak, **extra, **bound}
 
 
 def run_stream(variant):
@@ -302,8 +329,8 @@ def model_table(runs, scenario):
           f"{RESIDENT_IN_PLACE} + 2 buffers, pinned_stream {RESIDENT} + 2 buffers = the budget)")
     print("| variant | ms / forward (median, min-max) | x torch_uvm | peak resident | "
           "moved / forward | output = all resident | resident at the end: accounted / "
-          "measured by read speed |")
-    print("|---|---|---|---|---|---|---|")
+          "measured by read speed | process GPU memory |")
+    print("|---|---|---|---|---|---|---|---|")
     ref_path = f"/tmp/ltg_out_{scenario}_resident.pt"
     ref = torch.load(ref_path) if os.path.exists(ref_path) else None
     uvm_ms = [r["ms"] if r else None for r in runs[scenario]["torch_uvm_offload"]]
@@ -313,7 +340,7 @@ def model_table(runs, scenario):
             continue
         ok = [r for r in rs if r]
         if not ok:
-            print(f"| {v} | failed | | | | | |")
+            print(f"| {v} | failed | | | | | | |")
             continue
         ms = spread([r["ms"] for r in ok])
         ratio = method.ratio([r["ms"] if r else None for r in rs], uvm_ms) or \
@@ -329,7 +356,10 @@ def model_table(runs, scenario):
         print(f"| {v} | {ms['median']:.1f} ({ms['min']:.1f}-{ms['max']:.1f}) | "
               f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f}) | "
               f"{ok[-1]['peak_resident_bytes'] / MiB:.0f} MiB | "
-              f"{ok[-1]['moved_bytes'] / MiB:.0f} MiB | {same} | {check} |")
+              f"{ok[-1]['moved_bytes'] / MiB:.0f} MiB | {same} | {check} | "
+              f"{method.gpu_memory_cell([r.get('process_gpu_memory') for r in ok])} |")
+        if ok[-1].get("bound_bytes"):
+            method.report_bound(table[v], ok)
     rates = runs[scenario].get("pinned_rate", [])
     rate = method.median_of(rates, "h2d_gbps", 55.0)
     limit = (LAYERS * LAYER_BYTES - BUDGET) / (rate * 1e9) * 1e3

@@ -23,9 +23,9 @@ Then it steps at once, while the backward goes on:
 A group whose shards are on the CPU (FSDP2's ``CPUOffloadPolicy``, or a CPU
 mesh) steps on one worker thread instead, on the rank's share of the host's
 cores but two (``host_step.rank_threads()``): the backward goes on beside the
-host's step, as FSDP2's own offload does not. (A step of DTensors keeps the
-GIL through its kernel, and so stalls the backward's Python;
-``on_local_shards`` steps their local shards instead: narrowed_step.py.)
+host's step, as FSDP2's own offload does not. It steps their local shards
+(``on_local_shards``, narrowed_step.py): a step of DTensors keeps the GIL
+through its kernel, and so stalls the backward's Python.
 The worker waits for the GPU's work queued before the hook first (the
 gradient's copy home among it). The next forward, before FSDP2 gathers
 anything, ``optimizer.step()``, ``zero_grad()``, ``state_dict()``,
@@ -91,11 +91,11 @@ class ShardSteps:
                  groups: List[Tuple[str, List[torch.nn.Parameter]]], threads: int = 0):
         self.model, self.optimizer = model, optimizer
         self.threads = threads     # the host worker's (host_step.rank_threads()); 0: none
-        # The worker steps each group's DTensors, whose dispatch keeps the GIL
-        # through the kernel and so stalls the backward's Python hooks; True
-        # steps their local shards (narrowed_step.py), the GIL free. Off until
-        # measured faster over whole runs (design.md, "Beyond one GPU").
-        self.on_local_shards = False
+        # The worker steps each group's local shards (narrowed_step.py), the
+        # GIL free while the kernel runs; False steps the DTensors, whose
+        # dispatch keeps the GIL through the kernel and so stalls the
+        # backward's Python hooks (design.md, "Beyond one GPU": measured).
+        self.on_local_shards = True
         self._rank_threads = torch.get_num_threads()   # given back after each host step
         self.names = [n for n, _ in groups]
         self.params = [ps for _, ps in groups]
