@@ -48,6 +48,22 @@ def mlp():
                                      for _ in range(MLP_LAYERS)])
 
 
+def linears():
+    """larger_than_gpu's model (LAYERS x fp16 Linear(WIDTH, WIDTH), no bias),
+    on the meta device."""
+    import torch
+    from larger_than_gpu import LAYERS, WIDTH
+    with torch.device("meta"):
+        return torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH, bias=False)
+                                     for _ in range(LAYERS)]).half().eval()
+
+
+def linears_inputs():
+    import torch
+    from larger_than_gpu import BATCH, WIDTH
+    return torch.empty(BATCH, WIDTH, dtype=torch.float16, device="meta")
+
+
 def mlp_inputs():
     import torch
     from offload_train import MLP_BATCH, MLP_WIDTH
@@ -57,7 +73,21 @@ def mlp_inputs():
 # The rows whose estimate misses its target, each with why. The test asserts
 # that each still misses (fixed, it must leave this list) and that every other
 # row meets the target.
-MISSES: dict = {}
+_RUNTIME_MISS = (
+    "GPU: what no books hold. Beside its slots the run took 133 MiB (140 "
+    "under gpu_memory, beside 906 MiB of slots); the estimate counts 256 MiB "
+    "of workspaces (RUNTIME_BYTES), read off the transformers' runs, which "
+    "load many more kernels than a stack of Linears (cuBLAS's alone here). "
+    "Over, so on the bound's safe side: under gpu_memory the process took "
+    "1.76 of its 2 GiB. Counted lower, the MLP's training (1.71 GiB measured, "
+    "1.58 estimated) would fall out of the 10%: what the runtime takes "
+    "depends on the kernels a model runs, which neither a config nor a "
+    "meta-device trace tells.")
+MISSES = {
+    "2 GiB of fp16 Linears, 1 GiB, batch 16, H200": _RUNTIME_MISS,
+    "2 GiB of fp16 Linears, gpu_memory 2 GiB (budget chosen 0.89 GiB), batch 16, H200":
+        _RUNTIME_MISS,
+}
 
 # name, config, estimate's arguments, (JSON, run path), where the GPU peak,
 # the host peak and the seconds a step/token are in that run (None: not recorded)
@@ -131,6 +161,14 @@ CASES = [
      ("2026-11-29-h200-x2/trees-9be3704-steps-behind.json",
       ["runs", "offload_train:mlp/torch_uvm_bound_3GiB_in_backward", "new"]),
      "process_gpu_memory.peak_bytes", "host_peak_bytes", "s_per_step"),
+    ("2 GiB of fp16 Linears, 1 GiB, batch 16, H200", linears,
+     dict(task="generate", budget="1GiB", inputs=linears_inputs),
+     ("2026-11-29-h200/larger_than_gpu-bound.json", ["runs", "model", "torch_uvm_offload"]),
+     "process_gpu_memory.peak_bytes", None, "ms"),
+    ("2 GiB of fp16 Linears, gpu_memory 2 GiB (budget chosen 0.89 GiB), batch 16, H200", linears,
+     dict(task="generate", budget=950468608, inputs=linears_inputs),
+     ("2026-11-29-h200/larger_than_gpu-bound.json", ["runs", "model", "torch_uvm_bound_2GiB"]),
+     "process_gpu_memory.peak_bytes", None, "ms"),
     ("7B LoRA, gpu_memory 6 GiB (budget chosen 0.64 GiB), batch 4, H200", LLAMA_7B,
      dict(task="lora", budget=688750592, batch=4, seq=1024, dtype="bfloat16"),
      ("2026-11-29-h200-x2/offload_lora-bound.json", ["runs", "torch_uvm_bound_6GiB"]),
@@ -162,6 +200,8 @@ def measured(source, gpu_key, host_key, time_key, batch):
     seconds = dig(run, time_key)
     if seconds is not None and time_key.endswith("tokens_per_s"):
         seconds = batch / seconds
+    if seconds is not None and time_key == "ms":    # (a forward's milliseconds)
+        seconds = seconds / 1000
     return (dig(run, gpu_key), dig(run, host_key) if host_key else None, seconds,
             rates[-1]["h2d_gbps"] if rates else None)
 
