@@ -144,18 +144,8 @@ def run_model(variant, scenario="model"):
     measured by the driver around everything that touches the GPU."""
     if variant == "pinned_rate":
         return method.pinned_rate()
-    if variant in UVM_VARIANTS:
-        import torch_uvm
-        torch_uvm.set_enabled_uvm(True)     # before CUDA starts (the sampler's warm-up)
-    gpu = method.ProcessGpuMemory()
-    with gpu:
-        result = measure_model(variant, scenario)
-    result["process_gpu_memory"] = gpu.result()
-    if result.get("bound_bytes") and result["process_gpu_memory"]:   # against the whole process
-        import torch
-        result["process_gpu_at_start_bytes"] = torch.cuda.mem_get_info()[1] - gpu.baseline_free
-        result["gpu_peak_run_bytes"] = result["process_gpu_memory"]["peak_bytes"]
-    return result
+    return method.with_process_gpu_memory(lambda: measure_model(variant, scenario),
+                                          uvm=variant in UVM_VARIANTS)
 
 
 def measure_model(variant, scenario):

@@ -911,6 +911,27 @@ class ProcessGpuMemory:
         return out
 
 
+def with_process_gpu_memory(measure: Callable[[], dict], uvm: bool) -> dict:
+    """`measure()`'s result (one variant, in this process), with the
+    process's GPU memory measured by the driver around everything that
+    touches the GPU; under offload's gpu_memory (its result has
+    `bound_bytes`), also what the process held at CUDA's start and the run's
+    peak over it (report_bound). `uvm`: UVM is turned on first, before CUDA
+    starts (the sampler's warm-up)."""
+    import torch
+    if uvm:
+        import torch_uvm
+        torch_uvm.set_enabled_uvm(True)
+    gpu = ProcessGpuMemory()
+    with gpu:
+        result = measure()
+    result["process_gpu_memory"] = gpu.result()
+    if result.get("bound_bytes") and result["process_gpu_memory"]:   # against the whole process
+        result["process_gpu_at_start_bytes"] = torch.cuda.mem_get_info()[1] - gpu.baseline_free
+        result["gpu_peak_run_bytes"] = result["process_gpu_memory"]["peak_bytes"]
+    return result
+
+
 def gpu_memory_cell(results: List[Optional[dict]]) -> str:
     """A table cell: the largest ProcessGpuMemory peak over a variant's runs,
     in GiB ("—" where nothing was measured)."""

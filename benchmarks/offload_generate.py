@@ -61,18 +61,8 @@ def run_generate(variant):
     measured by the driver around everything that touches the GPU."""
     if variant == "pinned_rate":
         return method.pinned_rate()
-    if variant.startswith("torch_uvm"):
-        import torch_uvm
-        torch_uvm.set_enabled_uvm(True)     # before CUDA starts (the sampler's warm-up)
-    gpu = method.ProcessGpuMemory()
-    with gpu:
-        result = measure(variant)
-    result["process_gpu_memory"] = gpu.result()
-    if result.get("bound_bytes") and result["process_gpu_memory"]:   # against the whole process
-        import torch
-        result["process_gpu_at_start_bytes"] = torch.cuda.mem_get_info()[1] - gpu.baseline_free
-        result["gpu_peak_run_bytes"] = result["process_gpu_memory"]["peak_bytes"]
-    return result
+    return method.with_process_gpu_memory(lambda: measure(variant),
+                                          uvm=variant.startswith("torch_uvm"))
 
 
 def measure(variant):

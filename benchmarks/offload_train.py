@@ -379,21 +379,11 @@ def train_step(variant, model, optimizer, loss, marks=None) -> None:
 def run(scenario, variant):
     """One variant in this process: its result, with the process's GPU memory
     measured by the driver around everything that touches the GPU."""
-    import torch
     if variant == "pinned_rate":
         return {**method.pinned_rate(), **method.host_adamw_rate(), **method.shared_host_rates()}
     method.deterministic_kernels()
-    if variant.startswith("torch_uvm"):
-        import torch_uvm
-        torch_uvm.set_enabled_uvm(True)     # before CUDA starts (the sampler's warm-up)
-    gpu = method.ProcessGpuMemory()
-    with gpu:
-        result = measure(scenario, variant)
-    result["process_gpu_memory"] = gpu.result()
-    if result.get("bound_bytes") and result["process_gpu_memory"]:   # against the whole process
-        result["process_gpu_at_start_bytes"] = torch.cuda.mem_get_info()[1] - gpu.baseline_free
-        result["gpu_peak_run_bytes"] = result["process_gpu_memory"]["peak_bytes"]
-    return result
+    return method.with_process_gpu_memory(lambda: measure(scenario, variant),
+                                          uvm=variant.startswith("torch_uvm"))
 
 
 def measure(scenario, variant):
