@@ -465,6 +465,10 @@ MUTANTS = [
      ["tests/python/test_lifecycle.py::test_a_drawn_loop_steps_as_the_plain_model_and_keeps_the_books",
       "tests/python/test_gpu_steps_behind.py::"
       "test_a_backward_goes_on_with_at_most_steps_behind_steps_under_way"]),
+    ("a backward stepping on the GPU goes on with one step more under way",
+     "torch_uvm/offload_training.py",
+     "    executor.limit_steps_behind(STEPS_BEHIND)\n", "    executor.limit_steps_behind(STEPS_BEHIND + 1)\n",
+     ["tests/python/test_lifecycle.py::test_a_drawn_loop_steps_as_the_plain_model_and_keeps_the_books"]),
     ("the steps' throttle waits for the newest step too", "csrc/core/steps_behind.cpp",
      "  limit = std::max<std::size_t>(limit, 1);", "",
      ["core:StepsBehind.TheNewestStaysUnderWay"]),

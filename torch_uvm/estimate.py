@@ -86,8 +86,9 @@ RUNTIME_BYTES = GiB // 4
 # more than estimated (benchmarks/results/2026-11-28-h200, recipes-816cac6).
 MARGIN_PARTS = 16
 # The units whose gradients are alive in training: the one being made, and
-# those whose step (or copy home) the backward goes on beside
-# (offload_state.STEPS_BEHIND).
+# STEPS_BEHIND more: those whose step the backward goes on beside
+# (offload_state.STEPS_BEHIND), or under gpu_memory a host step's copies home
+# (gpu_memory.ProcessBound.copies_room holds them to as many).
 IN_FLIGHT = STEPS_BEHIND + 1
 
 

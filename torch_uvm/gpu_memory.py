@@ -41,8 +41,9 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from .activations import offload_activations
-from .estimate import WORDS, Estimate, estimate, size_text
+from .estimate import IN_FLIGHT, WORDS, Estimate, estimate, size_text
 from .estimate_trace import Call, TraceFailed, call_of, match_modes, meta_inputs, meta_twin
+from .offload_state import STEPS_BEHIND
 from .sizes import card_bytes
 
 
@@ -241,9 +242,9 @@ class ProcessBound:
     @property
     def copies_room(self) -> int:
         """The bytes of a host step's gradients that may be copying home at
-        once within the bound: the plan's gradients in flight are one
-        submodule's being made and one's going home."""
-        return self.plan.gpu.get("gradients in flight", 0) // 2
+        once within the bound: of the plan's gradients in flight, those of
+        STEPS_BEHIND submodules beside the one being made (estimate.IN_FLIGHT)."""
+        return self.plan.gpu.get("gradients in flight", 0) * STEPS_BEHIND // IN_FLIGHT
 
     def _estimate(self, task: str, key, **shapes) -> Estimate:
         """The estimate of `task` at `shapes` (batch= and seq=, or inputs=,

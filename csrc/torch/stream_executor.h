@@ -34,9 +34,9 @@
 #include <vector>
 
 #include "core/home_copies.h"
-#include "core/steps_behind.h"
 #include "core/residency.h"
 #include "core/resident_plan.h"
+#include "core/steps_behind.h"
 #include "core/unit_schedule.h"
 #include "torch/streamed_tensor.h"
 

@@ -129,9 +129,11 @@ def environment_restored():
     worker) for one rank of a launch and waits for a RANK."""
     kept = dict(os.environ)
     yield
-    if os.environ != kept:
-        os.environ.clear()
-        os.environ.update(kept)
+    for key in [k for k in os.environ if k not in kept]:    # (only what changed: threads
+        del os.environ[key]                                  # left running may read it)
+    for key, value in kept.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,8 @@ What the fake checks at each call (CallError when broken):
 - a streamed step brings each unit at most once, between step_begins and
   the pass's end, and only units with gradients;
 - the executor plans after a first forward, from the order it ran;
-- a step in backward is queued inside a backward.
+- a step in backward is queued inside a backward, and a unit's gradients
+  come with at most STEPS_BEHIND steps under way.
 Its books (`backwards`, `steps`, `most_behind`) let a test check the rest:
 every unit with gradients sent them home, every one stepped, and no more
 than STEPS_BEHIND steps were under way beside the one queued."""
@@ -30,7 +31,7 @@ import torch
 
 from torch_uvm import host_step, offload_training
 from torch_uvm.offload import Offloaded, hook_forward
-from torch_uvm.offload_state import OffloadState
+from torch_uvm.offload_state import STEPS_BEHIND, OffloadState
 from torch_uvm.offload_units import make_units, offload_plan, unit_roots
 
 
@@ -113,6 +114,9 @@ class FakeExecutor:
         # unit uses its parameter, a tied weight)
         if not self.in_backward:
             raise CallError(f"unit {i}'s gradients came outside a backward")
+        if self.behind > STEPS_BEHIND:
+            raise CallError(f"unit {i}'s gradients came with {self.behind} steps in backward "
+                            f"under way (at most {STEPS_BEHIND})")
         self.home[i] += 1
         if self.home[i] > 1:
             raise CallError(f"unit {i}'s gradients went home twice in one backward")
