@@ -73,21 +73,7 @@ def mlp_inputs():
 # The rows whose estimate misses its target, each with why. The test asserts
 # that each still misses (fixed, it must leave this list) and that every other
 # row meets the target.
-_RUNTIME_MISS = (
-    "GPU: what no books hold. Beside its slots the run took 133 MiB (140 "
-    "under gpu_memory, beside 906 MiB of slots); the estimate counts 256 MiB "
-    "of workspaces (RUNTIME_BYTES), read off the transformers' runs, which "
-    "load many more kernels than a stack of Linears (cuBLAS's alone here). "
-    "Over, so on the bound's safe side: under gpu_memory the process took "
-    "1.76 of its 2 GiB. Counted lower, the MLP's training (1.71 GiB measured, "
-    "1.58 estimated) would fall out of the 10%: what the runtime takes "
-    "depends on the kernels a model runs, which neither a config nor a "
-    "meta-device trace tells.")
-MISSES = {
-    "2 GiB of fp16 Linears, 1 GiB, batch 16, H200": _RUNTIME_MISS,
-    "2 GiB of fp16 Linears, gpu_memory 2 GiB (budget chosen 0.89 GiB), batch 16, H200":
-        _RUNTIME_MISS,
-}
+MISSES: dict = {}
 
 # name, config, estimate's arguments, (JSON, run path), where the GPU peak,
 # the host peak and the seconds a step/token are in that run (None: not recorded)

@@ -35,7 +35,8 @@ each comes from):
   kv_heads x head_dim``.
 * **allocator's cache and workspaces**: what the runs measured beside
   their tensors (``CACHE_SHARE`` of the activations and logits, and
-  ``RUNTIME_BYTES``). Without checkpointing a decoder's saved activations
+  ``RUNTIME_BYTES`` in training, ``FORWARD_RUNTIME_BYTES`` for a forward
+  alone). Without checkpointing a decoder's saved activations
   live from forward to backward and leave no cache: the share is then of
   one layer's work and the logits.
 * **margin** (under ``gpu_memory`` alone): one ``MARGIN_PARTS``-th of it,
@@ -78,9 +79,16 @@ GiB = 1 << 30
 # 1.2B without checkpointing, whose saved activations stay: 1.29 GiB beside
 # 12.5 GiB with its step on the GPU, 0.39 GiB with the host's, so there a
 # share of one layer's work and the logits beyond the gradients), and
-# what no books hold (cuBLAS's workspaces, segments' rounding).
+# what no books hold (cuBLAS's workspaces, the kernels loaded as they first
+# run, segments' rounding): in training RUNTIME_BYTES, where the backward
+# runs on autograd's own thread (a cuBLAS handle and workspace of its own)
+# and loads the backward's and the optimizer's kernels; for a forward alone
+# FORWARD_RUNTIME_BYTES, between what 2 GiB of bare fp16 Linears took
+# (133-140 MiB) and what the 7B's generation left beside its parts (about
+# 230 MiB).
 CACHE_SHARE = 0.5
 RUNTIME_BYTES = GiB // 4
+FORWARD_RUNTIME_BYTES = 3 * GiB // 16
 # Under gpu_memory, one MARGIN_PARTS-th of it is kept free for the estimate's
 # error: a 7B's generation and full fine-tune under 24 GiB took 5.9% and 5.1%
 # more than estimated (benchmarks/results/2026-11-28-h200, recipes-816cac6).
@@ -468,7 +476,7 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
             copying = min(int(copies_share() * b), streamed_in_training(weights, b, least))
             parts["gradients copying home"] = max(0, copying - parts["gradients in flight"])
         parts["allocator's cache"] = int(CACHE_SHARE * (working + parts["logits"]))
-        parts["workspaces"] = RUNTIME_BYTES
+        parts["workspaces"] = RUNTIME_BYTES if training else FORWARD_RUNTIME_BYTES
         if margin:
             parts["margin"] = margin
         return parts

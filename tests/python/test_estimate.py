@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from torch_uvm.estimate import RUNTIME_BYTES, CACHE_SHARE, estimate
+from torch_uvm.estimate import FORWARD_RUNTIME_BYTES, RUNTIME_BYTES, CACHE_SHARE, estimate
 from torch_uvm.offload_state import window_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,7 +33,7 @@ def test_each_part_of_a_generation_by_hand():
     assert e.gpu["logits"] == 3 * 512 * (2 + 4)
     assert e.gpu["activations"] == int(3 * 10 * h * 34)        # Korthikanti's, bf16
     assert e.gpu["allocator's cache"] == int(CACHE_SHARE * (e.gpu["activations"] + e.gpu["logits"]))
-    assert e.gpu["workspaces"] == RUNTIME_BYTES
+    assert e.gpu["workspaces"] == FORWARD_RUNTIME_BYTES          # (a forward alone)
     assert e.gpu_total == sum(e.gpu.values())
     assert e.host_pinned == weights
     # every weight outside the budget crosses once a token
@@ -58,6 +58,7 @@ def test_training_keeps_each_layers_input_and_one_layers_work_with_checkpointing
     assert full.gpu["activations"] == int(2 * 2 * 8 * 256 * 4 + layer)   # fp32 inputs kept
     assert plain.gpu["activations"] == int(2 * layer)
     assert full.gpu["logits"] == 2 * 8 * 512 * (2 + 4 + 4)
+    assert full.gpu["workspaces"] == RUNTIME_BYTES      # (training: the backward's thread too)
     assert full.host_pinned == 3 * full.weights                         # no gradient homes
     after = estimate(TINY, task="full", step_in_backward=False, link_gbps=None)
     assert after.host_pinned == 4 * after.weights
