@@ -259,12 +259,11 @@ def rank_main(variant: str, shape: str, out: str, profiled: bool = False) -> Non
         profiled = profiled_step(variant, model, optimizer, loss_fn, offload_train)
     else:
         profiled = None
-    import offload_llama
     mine = {"rank": dist.get_rank(), "losses": losses, "times_s": times,
             "threads": torch.get_num_threads(), "host_step_threads": host_threads,
             "host_worker": worker, "phases": phases, "profiled_step": profiled,
             "process_gpu_memory": gpu.result() if gpu is not None else None,
-            "host_peak_bytes": offload_llama.host_peak_bytes()}
+            "host_peak_bytes": method.host_peak_bytes()}
     ranks = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, mine)
     if dist.get_rank() == 0:

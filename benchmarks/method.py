@@ -911,10 +911,16 @@ class ProcessGpuMemory:
         return out
 
 
+def host_peak_bytes() -> int:
+    """The process's peak resident host memory (pinned pages among it)."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # KiB on Linux
+
+
 def with_process_gpu_memory(measure: Callable[[], dict], uvm: bool) -> dict:
     """`measure()`'s result (one variant, in this process), with the
     process's GPU memory measured by the driver around everything that
-    touches the GPU; under offload's gpu_memory (its result has
+    touches the GPU, and the host's peak; under offload's gpu_memory (its result has
     `bound_bytes`), also what the process held at CUDA's start and the run's
     peak over it (report_bound). `uvm`: UVM is turned on first, before CUDA
     starts (the sampler's warm-up)."""
@@ -926,6 +932,7 @@ def with_process_gpu_memory(measure: Callable[[], dict], uvm: bool) -> dict:
     with gpu:
         result = measure()
     result["process_gpu_memory"] = gpu.result()
+    result.setdefault("host_peak_bytes", host_peak_bytes())
     if result.get("bound_bytes") and result["process_gpu_memory"]:   # against the whole process
         result["process_gpu_at_start_bytes"] = torch.cuda.mem_get_info()[1] - gpu.baseline_free
         result["gpu_peak_run_bytes"] = result["process_gpu_memory"]["peak_bytes"]

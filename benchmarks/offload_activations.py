@@ -198,7 +198,7 @@ def run_variant(variant: str, tiny: bool, scenario: str = "full", seqs=None) -> 
         out["seqs"][str(seq)] = row
         print(f"seq {seq}: {row['tokens_per_s']:.0f} tokens/s, "
               f"{gib_cell(row['gpu_peak_timed_bytes'])} GiB", flush=True)
-    out["host_peak_bytes"] = offload_llama.host_peak_bytes()
+    out["host_peak_bytes"] = method.host_peak_bytes()
     gpu.stop()
     return out
 

@@ -82,7 +82,6 @@ seconds; its results go to offload_llama_tiny.json / .png.
 Writes offload_llama.json and offload_llama.png to --out.
 """
 import os
-import resource
 import sys
 import threading
 import time
@@ -318,10 +317,6 @@ class GpuMemory:
         self._thread.join()
 
 
-def host_peak_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # KiB on Linux
-
-
 def generate(model, ids, new_tokens: int, scores: bool = False):
     """Greedy; with `scores`, generate's dict output with each step's scores."""
     import torch
@@ -424,7 +419,7 @@ def run_variant(variant: str, tiny: bool) -> dict:
                    units=len(handle.units),
                    resident_bytes_peak=handle.residency_stats()["resident_bytes.peak"],
                    slot_reserved_peak_bytes=stats.get("slots.cuda:0.reserved_bytes.peak"))
-    out["host_peak_bytes"] = host_peak_bytes()
+    out["host_peak_bytes"] = method.host_peak_bytes()
     return out
 
 

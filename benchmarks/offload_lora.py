@@ -309,7 +309,7 @@ def run_variant(variant: str, tiny: bool) -> dict:
     out.update(gpu_peak_run_bytes=gpu.peak("run"),
                torch_reserved_peak_bytes=torch.cuda.max_memory_reserved(),
                torch_allocated_peak_bytes=torch.cuda.max_memory_allocated(),
-               host_peak_bytes=offload_llama.host_peak_bytes())
+               host_peak_bytes=method.host_peak_bytes())
     gpu.stop()
     if kind == "torch_uvm":
         stats = torch_uvm.memory_stats()

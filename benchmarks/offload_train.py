@@ -548,7 +548,7 @@ def measure(scenario, variant):
     if variant.startswith(("fsdp2_cpu_offload", "deepspeed")):
         import torch.distributed as dist
         dist.destroy_process_group()
-    extra["host_peak_bytes"] = offload_llama.host_peak_bytes()
+    extra["host_peak_bytes"] = method.host_peak_bytes()
     return {"s_per_step": steady[len(steady) // 2], "first_step_s": times[0], "losses": losses,
             "weights_bytes": weights, "tokens_per_step": x.numel() if scenario in TOKENS else None,
             **extra}
