@@ -52,8 +52,12 @@ PLAN = {
                "naive_moves"],
 }
 BATCHES = {"model": BATCH, "model512": 512}
-UVM_VARIANTS = {"torch_uvm_offload", "torch_uvm_offload_prefetch", "torch_uvm_prefetching", "torch_uvm_prefetching_unbounded",
-                "naive_moves", "torch_uvm_bound_2GiB"}
+
+
+def uses_uvm(variant: str) -> bool:
+    """The variants that run with UVM on: torch_uvm's (torch_uvm_bound_<G>GiB
+    for any G among them) and the naive moves."""
+    return variant.startswith("torch_uvm") or variant == "naive_moves"
 
 
 # --- the variants (each runs in its own process) ------------------------------
@@ -145,12 +149,12 @@ def run_model(variant, scenario="model"):
     if variant == "pinned_rate":
         return method.pinned_rate()
     return method.with_process_gpu_memory(lambda: measure_model(variant, scenario),
-                                          uvm=variant in UVM_VARIANTS)
+                                          uvm=uses_uvm(variant))
 
 
 def measure_model(variant, scenario):
     import torch
-    if variant in UVM_VARIANTS:
+    if uses_uvm(variant):
         import torch_uvm
     model = build_model().eval()
     x = torch.randn(BATCHES[scenario], WIDTH,
@@ -212,7 +216,7 @@ def measure_model(variant, scenario):
 
 def run_stream(variant):
     import torch
-    if variant in UVM_VARIANTS:
+    if uses_uvm(variant):
         import torch_uvm
         torch_uvm.set_enabled_uvm(True)
     n = STREAM_TOTAL // 2
