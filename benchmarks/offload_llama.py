@@ -99,6 +99,7 @@ BUDGETS_GIB = (4, 8)
 # size, FlexGen's lesson. Every weight crosses once per token step whatever
 # the batch, so the link limit grows with the batch until compute binds.
 SWEEP, SWEEP_GIB = (32, 128, 512, 1024), 4
+CARD_GIB = 24                     # a 24 GB card, as the recipes' (examples/recipes/)
 TIMED, TIMED_S = 2, 10.0          # timed generates: two, or one that takes longer than TIMED_S
 SEED, PROMPT_SEED = 0, 1
 
@@ -113,6 +114,9 @@ def variants():
     # process memory, about the budget and a GiB (issue 55)
     default += [f"torch_uvm_bound_{g + 1}GiB_b{b}" for g in BUDGETS_GIB[:1] for b in BATCHES]
     extra += ["resident_sweep", f"torch_uvm_{SWEEP_GIB}GiB_sweep"]
+    # a card of CARD_GIB (issue 56's recipes): the whole process within it,
+    # beside accelerate given as much (where the 7B fits whole, both hold it all)
+    extra += [f"torch_uvm_bound_{CARD_GIB}GiB_b{b}" for b in BATCHES] + [f"accelerate_{CARD_GIB}GiB"]
     return default, extra
 
 

@@ -106,6 +106,8 @@ CURVE = [f"torch_uvm_{g}GiB" for g in (0.5, 1, 2, 3, 6, 10)]
 UNITS = {"lora": "each PEFT LoRA layer (its base weight and adapters) as one unit",
          "layers": "each decoder layer as one unit"}
 CURVE += [f"torch_uvm_{g}GiB_{u}" for g in (0.5, 1, 4) for u in UNITS]
+# A 24 GB card (issue 56's recipes, examples/recipes/lora_7b.py): the whole process within it
+CURVE.append(f"torch_uvm_bound_{offload_llama.CARD_GIB}GiB")
 EXACT = ("resident", "torch_uvm")   # the same arithmetic: losses can equal all-resident's
 
 

@@ -176,11 +176,11 @@ def _grads_complete(state: "OffloadState", unit: "Unit") -> None:
         for p in unit.trainable:
             p.grad = None
         executor.discard_grads(unit.index)
-        executor.step_queued()
+        # The gradients' memory is reused only once their step ran, and the
+        # steps may lag the backward: it goes on with at most STEPS_BEHIND
+        # under way (the host waits for the oldest here).
+        executor.step_queued(STEPS_BEHIND)
     life.stepped(unit.index, in_backward=True)
-    # The gradients' memory is reused only once their step ran, and the steps
-    # may lag the backward: it goes on with at most STEPS_BEHIND under way.
-    executor.limit_steps_behind(STEPS_BEHIND)
 
 
 def _end_backward(ref: "weakref.ref[OffloadState]") -> None:

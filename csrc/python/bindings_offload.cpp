@@ -216,8 +216,7 @@ void bind_offload(py::module_& m) {
              return reinterpret_cast<std::intptr_t>(e.home_stream().stream());
            })
       .def("limit_copies_home", locked(&StreamExecutor::limit_copies_home))
-      .def("step_queued", locked(&StreamExecutor::step_queued))
-      .def("limit_steps_behind", locked(&StreamExecutor::limit_steps_behind))
+      .def("step_queued", locked(&StreamExecutor::step_queued), py::arg("steps_behind"))
       .def("waits_for_steps", locked(&StreamExecutor::waits_for_steps))
       .def("copies_home_under_way", locked(&StreamExecutor::copies_home_under_way))
       .def("set_training", locked(&StreamExecutor::set_training))

@@ -157,12 +157,11 @@ class StreamExecutor {
   // under way (core/home_copies.h).
   void limit_copies_home(std::size_t bytes) { homes_.at_most(bytes); }
   // A step in backward was queued on the current stream (its own), its
-  // gradients let go after it.
-  void step_queued();
-  // In a backward stepping on the GPU: the host waits, oldest first, while
-  // more than `steps` such steps are under way, so that the gradients whose
-  // memory waits for their step are at most those (core/steps_behind.h).
-  void limit_steps_behind(std::size_t steps) { steps_behind_.at_most(steps); }
+  // gradients let go after it; then the host waits, oldest first, while
+  // more than `steps_behind` such steps are under way, so that the
+  // gradients whose memory waits for their step are at most those
+  // (core/steps_behind.h). One call: one crossing per unit.
+  void step_queued(std::size_t steps_behind);
   // How many times the backward waited so (tests, stats).
   std::size_t waits_for_steps() const { return steps_behind_.waits(); }
   // The bytes from beside the arena whose copies home are under way.

@@ -114,7 +114,10 @@ void StreamExecutor::discard_grads(int unit) {
   }
 }
 
-void StreamExecutor::step_queued() { steps_behind_.queued(stream_ref(compute())); }
+void StreamExecutor::step_queued(std::size_t steps_behind) {
+  steps_behind_.queued(stream_ref(compute()));
+  steps_behind_.at_most(steps_behind);
+}
 
 void StreamExecutor::step_begins() { step_inputs_.record(stream_ref(compute())); }
 

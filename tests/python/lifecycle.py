@@ -125,14 +125,12 @@ class FakeExecutor:
     def discard_grads(self, i) -> None:
         pass
 
-    def step_queued(self) -> None:
+    def step_queued(self, steps_behind) -> None:
         if not self.in_backward:
             raise CallError("a step in backward queued outside a backward")
         self.behind += 1
         self.most_behind = max(self.most_behind, self.behind)
-
-    def limit_steps_behind(self, steps) -> None:
-        self.behind = min(self.behind, max(steps, 1))    # the host waits for the oldest
+        self.behind = min(self.behind, max(steps_behind, 1))  # the host waits for the oldest
 
     def end_pass(self) -> None:
         if self.in_backward:
