@@ -844,8 +844,15 @@ MUTANTS = [
      "            saved = (L - 1) * layer",
      ["tests/python/test_estimate.py::test_training_keeps_each_layers_input_and_one_layers_work_with_checkpointing"]),
     ("gpu_memory is taken as the budget, the rest of the process forgotten", "torch_uvm/estimate.py",
-     "        chosen = min(bound - beside - margin, weights)", "        chosen = min(bound, weights)",
+     "        chosen = min(bound - beside - margin, whole)", "        chosen = min(bound, whole)",
      ["tests/python/test_estimate.py::test_gpu_memory_chooses_the_largest_budget_within_it"]),
+    ("a bound with room for every weight gives the budget of the weights alone, which streams "
+     "a window of them every step", "torch_uvm/estimate.py",
+     "        chosen = min(bound - beside - margin, whole)",
+     "        chosen = min(bound - beside - margin, weights)",
+     ["tests/python/test_estimate.py::test_gpu_memory_chooses_the_largest_budget_within_it",
+      "tests/python/test_gpu_bound.py::"
+      "test_a_bound_with_room_for_every_weight_keeps_every_weight_resident"]),
     ("gpu_memory keeps no margin for the estimate's error", "torch_uvm/estimate.py",
      "    margin = 0 if bound is None else bound // MARGIN_PARTS", "    margin = 0",
      ["tests/python/test_estimate.py::test_gpu_memory_chooses_the_largest_budget_within_it"]),

@@ -10,7 +10,8 @@ key-value heads; GPT-2-style: ``n_embd``, ``n_layer``) and needs nothing
 loaded. The parts, in bytes (docs/design.md, "The estimate", says where
 each comes from):
 
-* **slots**: the budget (the arena is drawn whole), or the weights if less.
+* **slots**: the budget (the arena is drawn whole), or, if less, what keeps
+  every weight resident: the weights, and in training a step's room beside them.
 * **gradients in flight** (training): one unit's gradients being made and
   one unit's stepping or going home, outside the arena (PyTorch's allocator
   makes them; a backward stepping on the GPU goes on with at most that one
@@ -66,7 +67,7 @@ from typing import Dict, Optional
 
 import torch
 
-from .offload_state import STEPS_BEHIND, window_bytes
+from .offload_state import STEPS_BEHIND, window_bytes, window_units
 from .host_step import copies_share
 from .activations import DEFAULT_WINDOW as ACTIVATIONS_WINDOW
 from .estimate_trace import TraceFailed, decoder_of, decoder_trace, trace
@@ -453,6 +454,11 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
     else:
         largest_trainable = 0
     least = window_bytes("prefetch", training, ahead, largest, largest_trainable)
+    # The budget that keeps every weight resident: the weights and, training, a
+    # step's room beside them, as the offload's plan counts it (its window with
+    # the copies home: offload_state.window_units, core/resident_plan.h). A
+    # budget of the weights alone streams a window of them every step.
+    whole = weights + window_units("prefetch", training, ahead)[1] * largest_trainable
     chosen = parse_bytes(budget, "the budget")
     bound = card_bytes(gpu_memory, "gpu_memory")
     if chosen is not None and bound is not None:
@@ -466,7 +472,7 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
 
     def gpu_parts(b: int, home: bool, margin: int = 0) -> Dict[str, int]:
         parts = {} if taken is None else {"held before the offload": taken}
-        parts["slots"] = min(b, weights)
+        parts["slots"] = min(b, whole)
         # (what comes and goes: without checkpointing, a decoder's saved
         # activations live from forward to backward and leave no cache)
         working = traced_parts(parts, home) if traced is not None else formula_parts(parts, home)
@@ -543,7 +549,7 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
                 f"{size_text(need)} ({taken_by}). Raise gpu_memory, or {lower}"
                 f"{', or checkpoint activations' if checkpoint else ''}"
                 f"{', or send activations home' if training and activations_home is False else ''}")
-        chosen = min(bound - beside - margin, weights)
+        chosen = min(bound - beside - margin, whole)
     elif chosen is None:
         chosen = least
     gpu = gpu_parts(chosen, home, margin)

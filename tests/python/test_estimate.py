@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from torch_uvm.estimate import FORWARD_RUNTIME_BYTES, RUNTIME_BYTES, CACHE_SHARE, estimate
-from torch_uvm.offload_state import window_bytes
+from torch_uvm.offload_state import TRAINING_EXTRA, TRAINING_HOMES, window_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -77,9 +77,18 @@ def test_gpu_memory_chooses_the_largest_budget_within_it():
     tight = estimate(TINY, task="full", batch=2, seq=64, gpu_memory=least.least_gpu,
                      link_gbps=None)
     assert 0 <= tight.budget - least.least_budget < 16 and tight.gpu_total <= least.least_gpu
-    # more than the weights need: the budget is the weights, the process less than the bound
+    # more than the weights need: the budget keeps them all resident (the weights
+    # and, training, a step's room beside them: the plan's window with its copies
+    # home, TRAINING_EXTRA + TRAINING_HOMES of the largest trainable unit), and
+    # the process is less than the bound; nothing crosses the link
     roomy = estimate(TINY, task="full", batch=2, seq=64, gpu_memory="64GiB", link_gbps=None)
-    assert roomy.budget == roomy.weights and roomy.gpu_total < 64 << 30
+    largest = roomy.least_budget // (2 + TRAINING_EXTRA)    # (ahead 1: two streamed, and a step)
+    assert roomy.least_budget == (2 + TRAINING_EXTRA) * largest
+    assert roomy.budget == roomy.weights + (TRAINING_EXTRA + TRAINING_HOMES) * largest
+    assert roomy.gpu_total < 64 << 30 and roomy.floor_s in (None, 0)
+    assert roomy.gpu["slots"] == roomy.budget
+    served = estimate(TINY, task="generate", batch=2, seq=64, gpu_memory="64GiB", link_gbps=None)
+    assert served.budget == served.weights
     with pytest.raises(ValueError, match=r"cannot hold this full fine-tune at batch 2 x 64 "
                                          r"tokens: the least that works is .*slots .*activations"):
         estimate(TINY, task="full", batch=2, seq=64, gpu_memory=least.least_gpu - 1,
