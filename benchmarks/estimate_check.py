@@ -70,10 +70,19 @@ def mlp_inputs():
     return torch.empty(MLP_BATCH, MLP_WIDTH, device="meta")
 
 
-# The rows whose estimate misses its target, each with why. The test asserts
-# that each still misses (fixed, it must leave this list) and that every other
-# row meets the target.
-MISSES: dict = {}
+# The rows whose estimate misses its target: the row's name, what misses
+# ("gpu" or "host"), and why. The test asserts that each still misses (fixed,
+# it must leave this list) and that every other row meets the target.
+FP32_BUILD = ("the run's host peak is the benchmark's own: offload_generate builds the model "
+              "in fp32 and casts it to fp16, 6 GiB for a moment before anything is offloaded "
+              "(its all-resident run, which pins nothing, peaked at 7.32 GiB in the same run). "
+              "Building it in fp16 took minutes on the CPU: the fix is the 7B's way, on the "
+              "meta device then filled (offload_llama.fill_weights), not yet run on a GPU")
+MISSES: dict = {
+    "3 GiB fp16 generation, 1.5 GiB, batch 1, H200": ("host", FP32_BUILD),
+    "3 GiB fp16 generation, gpu_memory 2 GiB (budget chosen 0.93 GiB), batch 1, H200":
+        ("host", FP32_BUILD),
+}
 
 # name, config, estimate's arguments, (JSON, run path), where the GPU peak,
 # the host peak and the seconds a step/token are in that run (None: not recorded)
@@ -252,7 +261,8 @@ def main():
               f"{x['source']} |")
     for x in rows:
         if x["miss"]:
-            print(f"  {x['case']}: outside the target. {x['miss']}")
+            what = {"gpu": "GPU", "host": "host"}[x["miss"][0]]
+            print(f"  {x['case']}: the {what} estimate is outside the target. {x['miss'][1]}")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         import platform

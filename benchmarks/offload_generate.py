@@ -53,14 +53,7 @@ def gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)
     config = GPT2Config(n_embd=2048, n_layer=30, n_head=16, n_positions=1024)
-    # made in fp16 (not fp32, then cast): the host's peak is then the offload's,
-    # not the 6 GiB of a transient fp32 model (issue 55's host estimate)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float16)
-    try:
-        return GPT2LMHeadModel(config).eval()
-    finally:
-        torch.set_default_dtype(default)
+    return GPT2LMHeadModel(config).half().eval()
 
 
 def run_generate(variant):

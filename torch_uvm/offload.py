@@ -851,7 +851,8 @@ def offload(module: torch.nn.Module, budget: Union[int, str, None] = None, devic
     the shapes of `inputs` (its forward's arguments: a tensor, a tuple, or
     a dict by name; on any device: only their shapes are read). It
     measures what the process holds now and chooses
-    the largest budget within it, refuses (naming the least that fits and
+    the largest budget within it, up to the one that keeps every weight
+    resident (the weights, and training a step's room), refuses (naming the least that fits and
     what takes it) before anything is pinned when none fits, and refuses
     any later forward that would pass it before it runs (gpu_memory.py).
     Returns a handle whose ``undo()`` puts the module back."""
