@@ -48,12 +48,36 @@ PLAN = {"generate": ["pinned_rate", "resident", "torch_uvm_offload", "torch_uvm_
                      "torch_uvm_bound_2GiB"]}
 
 
-def gpt2():
+def gpt2(config=None, fill: str = None):
+    """The model in fp16 on the CPU, without an fp32 copy: made on the meta
+    device, given storage by to_empty, its tied head tied again, and filled
+    in place from one seeded generator drawn on `fill` (default the GPU if
+    there is one: faster): layer norms' weights ones, vectors zeros,
+    matrices N(0, 0.02). Made in fp32 and cast, the host held 6 GiB for a
+    moment, so the run's host peak was the build's, not the offload's."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
-    torch.manual_seed(0)
-    config = GPT2Config(n_embd=2048, n_layer=30, n_head=16, n_positions=1024)
-    return GPT2LMHeadModel(config).half().eval()
+    config = config or GPT2Config(n_embd=2048, n_layer=30, n_head=16, n_positions=1024)
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(config)
+    model = model.to(torch.float16).to_empty(device="cpu")
+    model.tie_weights()
+    if any(True for _ in model.buffers()):      # (none in transformers 5: each would be garbage)
+        raise RuntimeError("offload_generate: this GPT-2 has buffers, which to_empty leaves "
+                           "unset: build it another way")
+    fill = fill or ("cuda" if torch.cuda.is_available() else "cpu")
+    gen = torch.Generator(device=fill).manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.fill_(1.0) if name.endswith(".weight") else p.zero_()
+            else:
+                p.copy_(torch.empty(p.shape, dtype=torch.float32, device=fill)
+                        .normal_(0.0, 0.02, generator=gen))
+    if fill != "cpu":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return model.eval()
 
 
 def run_generate(variant):

@@ -7,6 +7,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 from conftest import ROOT
 
@@ -621,3 +622,22 @@ def test_fsdp2s_offload_stepped_in_backward_is_set_beside_fsdp2s_own(capsys):
     runs["fsdp2_cpu_offload_uvm_steps"][0]["losses"] = [2.0, 1.8]
     table, _ = offload_train.report("llama", runs, 1)
     assert not table["fsdp2_cpu_offload_uvm_steps"]["same_losses_as_fsdp2_cpu_offload"]
+
+
+def test_the_generation_model_is_built_in_fp16_without_an_fp32_copy_and_stays_tied():
+    """offload_generate's model is made on the meta device and filled in
+    fp16 (the run's host peak is then the offload's, not an fp32 build's):
+    its head tied to its embedding, its layer norms ones, the same weights
+    in every process."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=64)
+    a, b = offload_generate.gpt2(config, fill="cpu"), offload_generate.gpt2(config, fill="cpu")
+    assert {p.dtype for p in a.parameters()} == {torch.float16}
+    assert a.lm_head.weight is a.transformer.wte.weight
+    assert torch.equal(a.transformer.h[0].ln_1.weight, torch.ones(64, dtype=torch.float16))
+    assert not a.transformer.h[0].attn.c_attn.bias.any()
+    assert 0.015 < a.transformer.h[1].mlp.c_fc.weight.float().std() < 0.025
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    ids = torch.randint(0, config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.isfinite(a.float()(ids).logits).all()
