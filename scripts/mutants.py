@@ -853,6 +853,16 @@ MUTANTS = [
      ["tests/python/test_estimate.py::test_gpu_memory_chooses_the_largest_budget_within_it",
       "tests/python/test_gpu_bound.py::"
       "test_a_bound_with_room_for_every_weight_keeps_every_weight_resident"]),
+    ("a LoRA estimated from its config leaves the adapters out of the weights",
+     "torch_uvm/estimate.py", "        weights += adapters\n", "\n",
+     ["tests/python/test_estimate.py::"
+      "test_a_lora_from_its_config_counts_the_adapters_as_the_peft_model_offload_makes"]),
+    ("a LoRA estimated from its config takes an adapter's A and B as one unit",
+     "torch_uvm/estimate.py",
+     "            lora_rank * max(shape.hidden, shape.intermediate) * 4 if units == \"submodules\" \\\n",
+     "            lora_rank * (shape.hidden + shape.intermediate) * 4 if units == \"submodules\" \\\n",
+     ["tests/python/test_estimate.py::"
+      "test_a_lora_from_its_config_counts_the_adapters_as_the_peft_model_offload_makes"]),
     ("gpu_memory keeps no margin for the estimate's error", "torch_uvm/estimate.py",
      "    margin = 0 if bound is None else bound // MARGIN_PARTS", "    margin = 0",
      ["tests/python/test_estimate.py::test_gpu_memory_chooses_the_largest_budget_within_it"]),

@@ -446,18 +446,29 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
         weights = shape.params() * e
         largest = max(shape.unit_params(units).values()) * e
         trainable = None
+    adapters = 0
+    if task == "lora" and trainable is None:
+        # PEFT's adapters on a layer's seven projections, fp32: A (in x rank)
+        # and B (rank x out) each; they are among the offloaded weights
+        h, i = shape.hidden, shape.intermediate
+        kv = shape.kv_heads * (h // shape.heads)
+        per_layer = lora_rank * (9 * h + 2 * kv + 3 * i) * 4   # q, o: h+h; k, v: h+kv; MLP: h+i
+        adapters = shape.layers * per_layer
+        weights += adapters
     if task == "full":
         largest_trainable = largest if trainable is None else max(trainable)
-    elif task == "lora":   # a projection's adapters: rank x (in + out), fp32
-        largest_trainable = lora_rank * (shape.hidden + shape.intermediate) * 4 * (
-            1 if units == "submodules" else 7) if trainable is None else max(trainable)
+    elif task == "lora":   # the largest adapter (each A and B a submodule), or a layer's
+        largest_trainable = max(trainable) if trainable is not None else \
+            lora_rank * max(shape.hidden, shape.intermediate) * 4 if units == "submodules" \
+            else per_layer
     else:
         largest_trainable = 0
     least = window_bytes("prefetch", training, ahead, largest, largest_trainable)
     # The budget that keeps every weight resident: the weights and, training, a
     # step's room beside them, as the offload's plan counts it (its window with
     # the copies home: offload_state.window_units, core/resident_plan.h). A
-    # budget of the weights alone streams a window of them every step.
+    # budget of the weights alone streams a window of them every step. (A tied
+    # weight counts in each unit that holds it: then a little more than needed.)
     whole = weights + window_units("prefetch", training, ahead)[1] * largest_trainable
     chosen = parse_bytes(budget, "the budget")
     bound = card_bytes(gpu_memory, "gpu_memory")
@@ -557,11 +568,8 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
         host = weights * (3 if step_in_backward else 4)
         if step_in_backward and host_step:      # the host-stepped ones' gradients go home
             host += int(host_step * streamed_in_training(weights, chosen, least))
-    elif task == "lora" and trainable is not None:   # the adapters are among the weights:
-        host = weights + 3 * sum(trainable)              # their gradients and AdamW's states
-    elif task == "lora":
-        n_lora = shape.layers * 7 * lora_rank * (shape.hidden + shape.intermediate)
-        host = weights + n_lora * 4 * 4
+    elif task == "lora":     # the adapters are among the weights: their gradients
+        host = weights + 3 * (sum(trainable) if trainable is not None else adapters)  # and states
     else:
         host = weights
     rate = measure_link_gbps() if link_gbps == "measure" else link_gbps

@@ -85,7 +85,9 @@ def test_gpu_memory_chooses_the_largest_budget_within_it():
     largest = roomy.least_budget // (2 + TRAINING_EXTRA)    # (ahead 1: two streamed, and a step)
     assert roomy.least_budget == (2 + TRAINING_EXTRA) * largest
     assert roomy.budget == roomy.weights + (TRAINING_EXTRA + TRAINING_HOMES) * largest
-    assert roomy.gpu_total < 64 << 30 and roomy.floor_s in (None, 0)
+    assert roomy.gpu_total < 64 << 30
+    assert estimate(TINY, task="full", batch=2, seq=64, gpu_memory="64GiB",
+                    link_gbps=50.0).floor_s == 0                   # nothing crosses the link
     assert roomy.gpu["slots"] == roomy.budget
     served = estimate(TINY, task="generate", batch=2, seq=64, gpu_memory="64GiB", link_gbps=None)
     assert served.budget == served.weights
@@ -505,3 +507,27 @@ def test_the_least_bound_is_the_least_whose_margin_leaves_the_process():
     for process in list(range(1, 4000)) + [10 ** 10 + 7, (3 << 30) + 5]:
         b = least_bound(process)
         assert b - b // MARGIN_PARTS >= process > (b - 1) - (b - 1) // MARGIN_PARTS
+
+
+def test_a_lora_from_its_config_counts_the_adapters_as_the_peft_model_offload_makes():
+    """A LoRA estimated from a config counts PEFT's adapters (rank 16, fp32,
+    on the seven projections, grouped-query k and v narrower) among the
+    weights, as the PEFT model's measured units do; so a roomy gpu_memory
+    chooses the same budget, the one that keeps every weight resident."""
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    config = transformers.LlamaConfig(**{k: v for k, v in TINY.items()
+                                         if k not in ("model_type", "torch_dtype")})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model = peft.get_peft_model(model, peft.LoraConfig(
+            r=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                  "up_proj", "down_proj"]))
+    for p in model.parameters():      # (PEFT makes adapters in the base's dtype on meta)
+        if p.requires_grad:
+            p.data = p.data.float()
+    shapes = dict(task="lora", batch=2, seq=64, link_gbps=None, taken=0, gpu_memory="64GiB")
+    by_model, by_config = estimate(model, **shapes), estimate(TINY, **shapes)
+    buffers = sum(b.nbytes for b in model.buffers())   # (the rotary tables: the module's alone)
+    assert by_config.weights + buffers == by_model.weights
+    assert by_config.budget + buffers == by_model.budget > by_model.weights
