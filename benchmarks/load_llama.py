@@ -20,6 +20,10 @@ Variants, each in a fresh process, interleaved round by round:
 - torch_uvm_checkpoint: the model made under accelerate's
   init_empty_weights, then torch_uvm.offload(..., checkpoint=folder): each
   tensor read from the files straight into its pinned home.
+- torch_uvm_checkpoint_bound: the same with offload(..., gpu_memory=5 GiB,
+  batch=1, seq=prompt and new tokens) instead of a budget (issue 55): the
+  recipes' way (examples/recipes/); its whole process's peak is reported
+  beside the bound and the budget chosen within it.
 - accelerate: from_pretrained(..., device_map=...) with offload_llama's
   accelerate map for 4 GiB (embeddings, norm and head on the GPU, the
   decoder layers that fit beside them, the rest "cpu").
@@ -49,8 +53,9 @@ import offload_llama  # noqa: E402
 
 GiB = 1 << 30
 BUDGET_GIB = 4
+BOUND_GIB = BUDGET_GIB + 1    # about what the budget's run took, CUDA's start included
 VARIANTS = ["checkpoint", "pinned_rate", "resident", "hf_then_torch_uvm",
-            "torch_uvm_checkpoint", "accelerate"]
+            "torch_uvm_checkpoint", "torch_uvm_checkpoint_bound", "accelerate"]
 LOADS = VARIANTS[2:]
 
 
@@ -104,7 +109,13 @@ def load(variant: str, path: str, budget: int):
                                                     device_map=device_map), None, parts
     import torch_uvm
     t0 = time.perf_counter()
-    handle = torch_uvm.offload(model, budget=budget, device="cuda", mode="auto", checkpoint=found)
+    if variant == "torch_uvm_checkpoint_bound":     # the whole process within the bound
+        handle = torch_uvm.offload(model, gpu_memory=BOUND_GIB * GiB, device="cuda", mode="auto",
+                                   checkpoint=found, batch=1,
+                                   seq=offload_llama.PROMPT + offload_llama.NEW_TOKENS)
+    else:
+        handle = torch_uvm.offload(model, budget=budget, device="cuda", mode="auto",
+                                   checkpoint=found)
     parts["offload_s"] = time.perf_counter() - t0
     return model, handle, parts
 
@@ -171,6 +182,7 @@ def run_variant(variant: str, tiny: bool) -> dict:
     import torch_uvm  # noqa: F401
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM  # noqa: F401
     gpu = offload_llama.GpuMemory()
+    at_start = torch.cuda.mem_get_info()[1] - gpu.base    # (CUDA's context: the bound counts it)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")                        # VmHWM from here
     host_base = status("VmRSS")
@@ -200,6 +212,9 @@ def run_variant(variant: str, tiny: bool) -> dict:
     gpu.stop()
     if handle is not None:
         out["mode"] = handle.mode
+    if variant == "torch_uvm_checkpoint_bound":
+        out.update(bound_bytes=BOUND_GIB * GiB, budget_bytes=handle.state.bound.budget,
+                   process_gpu_at_start_bytes=at_start, gpu_peak_run_bytes=out["gpu_peak_bytes"])
     return out
 
 
@@ -248,6 +263,11 @@ def report(runs: dict, out_dir: str, tiny: bool = False) -> dict:
               f"{'—' if not x or v == 'resident' else format(x['median'], '.2f')} | "
               f"{gib_cell(row['host_peak_bytes'])} | {gib_cell(row['host_after_bytes'])} | "
               f"{gib_cell(row['gpu_peak_bytes'])} | {row['same_tokens']} |")
+        if ok[0].get("bound_bytes"):      # the whole process against its bound
+            row.update({k: ok[0][k] for k in ("bound_bytes", "budget_bytes",
+                                               "process_gpu_at_start_bytes")})
+            row["gpu_peak_run_bytes"] = row["gpu_peak_bytes"]
+            method.report_bound(row, ok)
     for anchor in ("hf_then_torch_uvm", "accelerate"):
         mine = [r["to_first_token_s"] if r else None for r in runs.get("torch_uvm_checkpoint", [])]
         theirs = [r["to_first_token_s"] if r else None for r in runs.get(anchor, [])]

@@ -641,3 +641,33 @@ def test_the_generation_model_is_built_in_fp16_without_an_fp32_copy_and_stays_ti
     ids = torch.randint(0, config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.isfinite(a.float()(ids).logits).all()
+
+
+def test_a_load_under_a_bound_reports_the_whole_process_beside_it(tmp_path, monkeypatch, capsys):
+    """load_llama's torch_uvm_checkpoint_bound (the recipes' way: the model
+    on the meta device, its weights read from the folder, the process held
+    to gpu_memory) prints its whole peak beside the bound and the budget
+    it chose, and records them."""
+    import load_llama
+    monkeypatch.setattr(load_llama, "plot", lambda tables, path: None)
+    GiB = 1 << 30
+
+    def run(gpu, **extra):
+        return {"load_s": 9.0, "first_token_s": 1.0, "to_first_token_s": 10.0,
+                "load_parts_s": {"offload_s": 8.0}, "host_peak_bytes": 14 * GiB,
+                "host_after_bytes": 13 * GiB, "gpu_peak_bytes": gpu, "tokens": [1, 2],
+                "weights_bytes": 13 * GiB, **extra}
+    runs = {"pinned_rate": [{"h2d_gbps": 55.0, "d2h_gbps": 55.0}],
+            "resident": [run(13 * GiB)], "torch_uvm_checkpoint": [run(4 * GiB)],
+            "torch_uvm_checkpoint_bound": [run(4 * GiB, bound_bytes=5 * GiB,
+                                               budget_bytes=3 * GiB,
+                                               process_gpu_at_start_bytes=GiB // 2,
+                                               gpu_peak_run_bytes=4 * GiB)]}
+    load_llama.report(runs, str(tmp_path))
+    out = capsys.readouterr().out
+    assert "gpu_memory 5.00 GiB: the process's peak 4.50 GiB (CUDA's start 0.50 + the run's " \
+           "4.00), the budget chosen 3.00 GiB" in out
+    saved = json.load(open(tmp_path / "load_llama.json"))
+    row = saved["tables"]["torch_uvm_checkpoint_bound"]
+    assert row["process_gpu_whole_peak_bytes"] == 4 * GiB + GiB // 2
+    assert "torch_uvm_checkpoint_bound" in load_llama.LOADS
