@@ -39,6 +39,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # torch_uvm
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                   # method
 import method  # noqa: E402
+import offload_llama  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 GEN_BUDGET, PROMPT, NEW_TOKENS = 3 * GiB // 2, 32, 32
@@ -51,8 +52,8 @@ PLAN = {"generate": ["pinned_rate", "resident", "torch_uvm_offload", "torch_uvm_
 def gpt2(config=None, fill: str = None):
     """The model in fp16 on the CPU, without an fp32 copy: made on the meta
     device, given storage by to_empty, its tied head tied again, and filled
-    in place from one seeded generator drawn on `fill` (default the GPU if
-    there is one: faster): layer norms' weights ones, vectors zeros,
+    in place by offload_llama.fill_weights, drawn on `fill` (default the
+    GPU if there is one: faster): layer norms' weights ones, vectors zeros,
     matrices N(0, 0.02). Made in fp32 and cast, the host held 6 GiB for a
     moment, so the run's host peak was the build's, not the offload's."""
     import torch
@@ -65,18 +66,8 @@ def gpt2(config=None, fill: str = None):
     if any(True for _ in model.buffers()):      # (none in transformers 5: each would be garbage)
         raise RuntimeError("offload_generate: this GPT-2 has buffers, which to_empty leaves "
                            "unset: build it another way")
-    fill = fill or ("cuda" if torch.cuda.is_available() else "cpu")
-    gen = torch.Generator(device=fill).manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.fill_(1.0) if name.endswith(".weight") else p.zero_()
-            else:
-                p.copy_(torch.empty(p.shape, dtype=torch.float32, device=fill)
-                        .normal_(0.0, 0.02, generator=gen))
-    if fill != "cpu":
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+    offload_llama.fill_weights(model, fill or ("cuda" if torch.cuda.is_available() else "cpu"),
+                               ones=lambda name: name.endswith(".weight"))  # (layer norms')
     return model.eval()
 
 

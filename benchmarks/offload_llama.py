@@ -200,17 +200,18 @@ def fix_non_persistent(model, config) -> None:
         raise RuntimeError(f"non-persistent buffers this builder does not know how to make: {left}")
 
 
-def fill_weights(model, device: str) -> None:
+def fill_weights(model, device: str, ones=lambda name: "norm" in name) -> None:
     """Every parameter in place, in named_parameters() order from one seeded
     generator on `device` (the same weights in every process on one machine):
-    norm weights ones, other vectors (biases) zeros, matrices N(0, 0.02).
-    On a GPU, each tensor is drawn there and copied into its CPU storage."""
+    norm weights (the vectors whose names `ones` picks) ones, other vectors
+    (biases) zeros, matrices N(0, 0.02). On a GPU, each tensor is drawn
+    there and copied into its CPU storage."""
     import torch
     gen = torch.Generator(device=device).manual_seed(SEED)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1:
-                p.fill_(1.0) if "norm" in name else p.zero_()
+                p.fill_(1.0) if ones(name) else p.zero_()
             elif p.device.type == torch.device(device).type:
                 p.normal_(0.0, 0.02, generator=gen)
             else:
