@@ -10,9 +10,15 @@ functions of the offloaded forwards; then a 32-layer Llama of hidden 1024
 generating 16 tokens, resident and offloaded (every unit resident), with
 cProfile's top functions. The per-unit cost is the difference over the
 units (benchmarks/results/2026-11-30-h200-x2/hook_cost.log)."""
-import cProfile, pstats, io, time, sys
-import torch, torch_uvm
+import cProfile
+import io
+import pstats
+import time
+
+import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
+import torch_uvm
 
 def timed(fn, n=20):
     fn(); torch.cuda.synchronize()

@@ -859,8 +859,8 @@ MUTANTS = [
       "test_a_lora_from_its_config_counts_the_adapters_as_the_peft_model_offload_makes"]),
     ("a LoRA estimated from its config takes an adapter's A and B as one unit",
      "torch_uvm/estimate.py",
-     "            lora_rank * max(shape.hidden, shape.intermediate) * 4 if units == \"submodules\" \\\n",
-     "            lora_rank * (shape.hidden + shape.intermediate) * 4 if units == \"submodules\" \\\n",
+     "        largest_trainable = lora_rank * max(shape.hidden, shape.intermediate) * 4\n",
+     "        largest_trainable = lora_rank * (shape.hidden + shape.intermediate) * 4\n",
      ["tests/python/test_estimate.py::"
       "test_a_lora_from_its_config_counts_the_adapters_as_the_peft_model_offload_makes"]),
     ("gpu_memory keeps no margin for the estimate's error", "torch_uvm/estimate.py",

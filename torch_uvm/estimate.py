@@ -457,10 +457,12 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
         weights += adapters
     if task == "full":
         largest_trainable = largest if trainable is None else max(trainable)
-    elif task == "lora":   # the largest adapter (each A and B a submodule), or a layer's
-        largest_trainable = max(trainable) if trainable is not None else \
-            lora_rank * max(shape.hidden, shape.intermediate) * 4 if units == "submodules" \
-            else per_layer
+    elif task == "lora" and trainable is not None:
+        largest_trainable = max(trainable)
+    elif task == "lora" and units == "submodules":   # the largest adapter: each A and B a unit
+        largest_trainable = lora_rank * max(shape.hidden, shape.intermediate) * 4
+    elif task == "lora":                             # a layer's adapters
+        largest_trainable = per_layer
     else:
         largest_trainable = 0
     least = window_bytes("prefetch", training, ahead, largest, largest_trainable)
