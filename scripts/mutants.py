@@ -863,6 +863,19 @@ MUTANTS = [
      "        largest_trainable = lora_rank * (shape.hidden + shape.intermediate) * 4\n",
      ["tests/python/test_estimate.py::"
       "test_a_lora_from_its_config_counts_the_adapters_as_the_peft_model_offload_makes"]),
+    ("offload_generate's model made on the meta device leaves its head untied",
+     "benchmarks/offload_generate.py", "    model.tie_weights()\n", "\n",
+     ["tests/python/test_benchmark_limits.py::"
+      "test_the_generation_model_is_built_in_fp16_without_an_fp32_copy_and_stays_tied"]),
+    ("offload_generate's layer norms are filled with zeros",
+     "benchmarks/offload_generate.py", 'ones=lambda name: name.endswith(".weight"))',
+     "ones=lambda name: False)",
+     ["tests/python/test_benchmark_limits.py::"
+      "test_the_generation_model_is_built_in_fp16_without_an_fp32_copy_and_stays_tied"]),
+    ("load_llama's load under a bound prints nothing of the bound",
+     "benchmarks/load_llama.py", "            method.report_bound(row, ok)\n", "\n",
+     ["tests/python/test_benchmark_limits.py::"
+      "test_a_load_under_a_bound_reports_the_whole_process_beside_it"]),
     ("gpu_memory keeps no margin for the estimate's error", "torch_uvm/estimate.py",
      "    margin = 0 if bound is None else bound // MARGIN_PARTS", "    margin = 0",
      ["tests/python/test_estimate.py::test_gpu_memory_chooses_the_largest_budget_within_it"]),
