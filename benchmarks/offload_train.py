@@ -2,6 +2,7 @@
 the anchors, against the link's limit of the step.
 
     python benchmarks/offload_train.py [--rounds 2] [--only mlp,gpt2] [--out DIR]
+    python benchmarks/offload_train.py --only llama7b --rounds 1 [--variants a,b]
     python benchmarks/offload_train.py --from DIR/offload_train.json --out DIR2
         (a run's table, ratios, JSON and plot again, with the limits as computed now)
     OFFLOAD_PROFILE=DIR: one more step of each torch_uvm variant (and all
@@ -38,6 +39,16 @@ the anchors, against the link's limit of the step.
     pick instead, rebuilt as torchtune's single-device recipe uses them
     (bf16 weights on the GPU, bitsandbytes' paged 8-bit AdamW stepped in
     backward, activation checkpointing): more memory, other arithmetic.
+(t4) llama7b (only with --only llama7b): examples/recipes/full_7b.py beside
+    its anchors on a 24 GB card: offload_llama's 7B (6.7 G parameters) with
+    its weights and AdamW's states in bf16 (13.5 GB and 27 GB), no autocast,
+    HF's activation checkpointing, batch 4 x 1024 tokens. torch_uvm runs as
+    the recipe does, offload(gpu_memory="24GiB") stepping in backward; the
+    limits take the budget that bound chose (its scenario's 14 GiB is the
+    estimate of it). FSDP2's offload shards the bf16 weights as they are
+    (its fused CPU AdamW in bf16: the same precision); DeepSpeed runs with
+    its bf16 block (fp32 master weights and states: more host memory, more
+    precision); torchtune's savers hold everything on the GPU (more memory).
 
 Variants: all resident (in every run: each variant's losses are checked
 against it); torch_uvm.offload with stream_optimizer (the step after
@@ -120,8 +131,12 @@ SCENARIOS = {   # hidden: the model's width, which DeepSpeed's bucket sizes foll
     "mlp": {"budget": 1 * GiB, "steps": 5, "lr": 1e-4, "hidden": 4096},
     "gpt2": {"budget": 4 * GiB, "steps": 5, "lr": 1e-4, "hidden": 2048},
     "llama": {"budget": 8 * GiB, "steps": 5, "lr": 1e-4, "hidden": 256 if TINY else 3072},
+    # the budget gpu_memory="24GiB" chooses at batch 4 x 1024 (torch_uvm.estimate)
+    "llama7b": {"budget": 14 * GiB, "steps": 4, "lr": 1e-5, "hidden": 256 if TINY else 4096,
+                "element_bytes": 2},
 }
-TOKENS = ("gpt2", "llama")      # reported in tokens/s (the others in s / step)
+TOKENS = ("gpt2", "llama", "llama7b")      # reported in tokens/s (the others in s / step)
+LLAMAS = ("llama", "llama7b")              # offload_llama's builder: TINY applies
 PLAN = {
     "mlp": ["pinned_rate", "resident", "torch_uvm", "torch_uvm_in_backward", "fsdp2_cpu_offload",
             "fsdp2_cpu_offload_uvm_steps",
@@ -150,6 +165,11 @@ PLAN = {
               "torch_uvm_in_backward_host1_nonblocking_threads10",
               "torchtune_single_device",
               "torch_uvm_bound_14GiB_in_backward_host1_nonblocking"],
+    # examples/recipes/full_7b.py on a 24 GB card beside its anchors: the
+    # anchors that need no more memory than the card first, then the savers
+    "llama7b": ["pinned_rate", "resident", "torch_uvm_bound_24GiB_in_backward",
+                "fsdp2_cpu_offload", "deepspeed_zero_offload_bf16", "torchtune_single_device",
+                "torch_uvm_bound_24GiB_in_backward_host1_nonblocking"],
 }
 # A variant named <variant>_<N>GiB runs under N GiB instead of the scenario's
 # budget: torch_uvm's speed for memory beside the anchors' points. One named
@@ -177,6 +197,12 @@ MLP_LAYERS, MLP_WIDTH, MLP_BATCH = 32, 4096, 256
 DETERMINISTIC = method.DETERMINISTIC    # OFFLOAD_DETERMINISTIC=1 (method.py)
 GPT_BATCH, GPT_SEQ = 4, 512
 LLAMA_BATCH, LLAMA_SEQ = 4, 1024
+SHAPE = {"llama": "3b", "llama7b": "7b"}     # offload_llama.SHAPES
+
+
+def element_bytes(scenario) -> int:
+    """The bytes of one of the scenario's weights (fp32 unless it says)."""
+    return SCENARIOS[scenario].get("element_bytes", 4)
 
 
 def own_budget(scenario, variant: str, run: Optional[dict]) -> int:
@@ -190,9 +216,9 @@ def budget(scenario, variant: str = "") -> int:
     llama, the same share of its weights."""
     gib = None if method.variant_bound_gib(variant) else method.variant_gib(variant)
     b = SCENARIOS[scenario]["budget"] if gib is None else int(gib * GiB)
-    if scenario == "llama" and TINY:
+    if scenario in LLAMAS and TINY:
         b = int(b * offload_llama.weights_bytes(offload_llama.llama_config(True))
-                / offload_llama.weights_bytes(offload_llama.llama_config(shape="3b")))
+                / offload_llama.weights_bytes(offload_llama.llama_config(shape=SHAPE[scenario])))
     return b
 
 
@@ -214,6 +240,8 @@ def build(scenario):
         return model, x, loss_fn
     if scenario == "llama":
         return build_llama()
+    if scenario == "llama7b":
+        return build_llama7b()
     from transformers import GPT2Config, GPT2LMHeadModel
     # deterministic: eager attention (SDPA's backward kernels accumulate with atomics)
     config = GPT2Config(n_embd=2048, n_layer=24, n_head=16, n_positions=GPT_SEQ,
@@ -244,6 +272,25 @@ def build_llama():
     def loss_fn(m, x):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             return m(input_ids=x, labels=x).loss
+    return model, x, loss_fn
+
+
+def build_llama7b():
+    """examples/recipes/full_7b.py's training: a Llama-architecture 7B
+    (offload_llama's builder) with its weights in bf16 and AdamW's states in
+    bf16 (as torchtune's single-device recipes train), no autocast, HF's
+    activation checkpointing (non-reentrant), batch 4 x 1024 tokens."""
+    import torch
+    extra = {"attn_implementation": "eager"} if DETERMINISTIC else {}
+    model = offload_llama.build(TINY, shape=SHAPE["llama7b"], dtype=torch.bfloat16, **extra)
+    model.config.use_cache = False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    x = torch.randint(0, model.config.vocab_size, (LLAMA_BATCH, LLAMA_SEQ),
+                      generator=torch.Generator().manual_seed(1))
+
+    def loss_fn(m, x):
+        return m(input_ids=x, labels=x).loss
     return model, x, loss_fn
 
 
@@ -625,7 +672,8 @@ def host_memory(runs) -> Optional[float]:
 
 
 def host_limit(weights: int, budget_bytes: int, h2d: float, d2h: float, runs,
-               shared: bool = False, placements: Optional[dict] = None) -> Optional[dict]:
+               shared: bool = False, placements: Optional[dict] = None,
+               element_bytes: int = 4) -> Optional[dict]:
     """The third limit, the least any placement takes with this host
     (method.least_step_s): the link's bytes as in the first, and the
     weights the host steps at the fused CPU AdamW rate pinned_rate
@@ -636,12 +684,14 @@ def host_limit(weights: int, budget_bytes: int, h2d: float, d2h: float, runs,
     memory at the most it carried in this run (method.host_memory_rate,
     the median over rounds). `placements`: method.least_step_s's (the
     weights' bf16 casts crossing: method.PLACEMENTS_BF16_CASTS). None
-    where pinned_rate did not measure what it needs."""
+    where pinned_rate did not measure what it needs. `element_bytes`: the
+    weights' (a bf16 model's AdamW steps at the fp32 rate measured an
+    element: an estimate)."""
     rate = host_rate(runs)
     memory = host_memory(runs) if shared else None
     if not rate or (shared and not memory):
         return None
-    found = method.least_step_s(weights, budget_bytes, h2d, d2h, 4 * rate,
+    found = method.least_step_s(weights, budget_bytes, h2d, d2h, element_bytes * rate,
                                 host_memory_bytes_per_s=memory, placements=placements)
     return {**found, "host_adamw_elements_per_s": rate,
             **({"host_memory_gbps": memory / 1e9} if shared else {})}
@@ -679,10 +729,12 @@ def limits(scenario, runs, rounds):
         out["least"] = least_limit(w, limit_budget, h2d, d2h, casts)
         out["least_s"] = [least_limit(w, limit_budget, h, d, casts)["seconds"]
                           for h, d in zip(h2ds, d2hs)]
+        e = element_bytes(scenario)
         for key, shared in (("host", False), ("shared", True)):
-            out[key] = host_limit(w, limit_budget, h2d, d2h, runs, shared)
+            out[key] = host_limit(w, limit_budget, h2d, d2h, runs, shared, element_bytes=e)
             if out[key]:
-                out[f"{key}_s"] = [host_limit(w, limit_budget, h, d, runs, shared)["seconds"]
+                out[f"{key}_s"] = [host_limit(w, limit_budget, h, d, runs, shared,
+                                              element_bytes=e)["seconds"]
                                    for h, d in zip(h2ds, d2hs)]
             if casts:   # (bf16 autocast; beside them, not a ratio: a placement
                 # torch_uvm does not take)
@@ -731,7 +783,9 @@ def report(scenario, runs, rounds):
              f"{'measured in this run' if lim['measured'] else 'assumed: pinned_rate did not run'}"
              if least else "no run")
     name = {"mlp": "(t) mlp", "gpt2": "(t2) gpt2",
-            "llama": f"(t3) Llama-architecture {'tiny' if TINY else '3B'}, full fine-tune"}
+            "llama": f"(t3) Llama-architecture {'tiny' if TINY else '3B'}, full fine-tune",
+            "llama7b": f"(t4) Llama-architecture {'tiny' if TINY else '7B'}, full fine-tune "
+                       f"in bf16 (weights and AdamW's states), examples/recipes/full_7b.py's"}
     print(f"\n{name[scenario]}"
           f"{', deterministic kernels' if DETERMINISTIC else ''}, budget "
           f"{budget(scenario) / GiB:.3g} GiB, AdamW; {rates}")
@@ -808,7 +862,8 @@ def report(scenario, runs, rounds):
             h, d = least["h2d_gbps"] * 1e9, least["d2h_gbps"] * 1e9
             own_least = least_limit(ok[-1]["weights_bytes"], chosen, h, d,
                                     scenario in AUTOCAST)
-            own_host = host_limit(ok[-1]["weights_bytes"], chosen, h, d, runs)
+            own_host = host_limit(ok[-1]["weights_bytes"], chosen, h, d, runs,
+                                  element_bytes=element_bytes(scenario))
             own_on_gpu = link_limit(ok[-1]["weights_bytes"], ok[-1]["resident_weight_bytes"],
                                     h, d) if "resident_weight_bytes" in ok[-1] else None
         own_shared = None

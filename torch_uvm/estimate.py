@@ -55,8 +55,9 @@ share of it (``streamed_in_training``).
 The time is a floor, never above what a run can do: the least bytes any
 placement moves over the link each step or token at the measured pinned
 rate (generation: every weight outside the budget crosses once a token;
-training: the weights outside the budget come for the forward, and the
-least a step sends home and brings is those weights once each way)."""
+LoRA: the frozen weights outside it come for the forward and the backward;
+a full fine-tune: ``least_full_crossing``, the least over the placements of
+each weight and its two AdamW states, the link carrying both ways at once)."""
 from __future__ import annotations
 
 import dataclasses
@@ -108,6 +109,26 @@ def streamed_in_training(weights: int, budget: int, least: int) -> int:
     (host_step.copies_share)."""
     resident = max(0, budget - least - int(copies_share() * budget))
     return max(0, min(weights, weights - resident))
+
+
+def least_full_crossing(weights: int, budget: int, casts: bool) -> int:
+    """The bytes a full fine-tune's step moves its heavier way at least, by
+    any placement of `weights` and AdamW's two states (as many bytes again
+    each) under `budget`, with the link carrying both ways at once: each
+    weight byte is streamed (to the GPU in both passes, its gradient home,
+    the host stepping it: 2 in, 1 out), resident alone (its gradient home,
+    the stepped weight back: 1 and 1, a byte of budget) or resident with
+    its states (3 bytes of budget, nothing crosses). Under 3 W that is
+    2 W - B in below W, else (3 W - B) / 2 each way. Under autocast
+    (`casts`) a placement may move the weights' bf16 casts instead, half
+    as many bytes: W - B, what this gives then, is no more than that least
+    (the casts of 2 B bytes resident move half a byte each way a byte, the
+    rest streamed one)."""
+    if casts:
+        return max(0, weights - budget)
+    if budget < weights:
+        return 2 * weights - budget
+    return max(0, (3 * weights - budget) // 2)
 
 
 def read_decoder(source, batch: int, seq: int, dtype: torch.dtype):
@@ -580,8 +601,9 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
         per, tokens, crossing = "token", batch, streamed
     elif task == "lora":   # the frozen base comes for the forward and for the backward
         per, tokens, crossing = "step", batch * seq, 2 * streamed
-    else:                  # at least the weights once each way
-        per, tokens, crossing = "step", batch * seq, streamed
+    else:
+        per, tokens = "step", batch * seq
+        crossing = least_full_crossing(weights, chosen, casts=autocast)
     floor = crossing / (rate * 1e9) if rate else None
     return Estimate(task=task, budget=chosen, gpu=gpu, host_pinned=host,
                     host=host + HOST_RUNTIME_BYTES, least_budget=least,

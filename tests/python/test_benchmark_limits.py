@@ -309,6 +309,30 @@ def test_the_full_fine_tune_reports_tokens_against_the_least_limit(monkeypatch, 
     assert fp32["to_gpu_bytes"] == 16 * GiB and fp32["home_bytes"] == 12 * GiB
 
 
+def test_the_7b_recipe_in_bf16_is_held_to_the_least_of_its_own_weights_and_host(capsys):
+    """(t4): examples/recipes/full_7b.py beside its anchors. No autocast: the
+    least limit is the plain one, by hand 12 GiB of bf16 weights under 14:
+    (3 W - B) / 2 = 11 GiB each way. The host's least steps its weights at
+    the measured rate an element, 2 bytes each: with 1 G elements/s, the
+    host placing X bytes takes X / 2e9 s, not X / 4e9 as for fp32."""
+    assert "llama7b" in offload_train.TOKENS and offload_train.budget("llama7b") == 14 * GiB
+    assert offload_train.PLAN["llama7b"][:3] == ["pinned_rate", "resident",
+                                                 "torch_uvm_bound_24GiB_in_backward"]
+    run = {**fake_train_run([2.0, 1.9], 0.8), "weights_bytes": 12 * GiB, "tokens_per_step": 4096}
+    rates = {"h2d_gbps": 50.0, "d2h_gbps": 50.0, "host_adamw_elements_per_s": 1e9}
+    runs = {"pinned_rate": [rates], "resident": [run]}
+    table, lim = offload_train.report("llama7b", runs, 1)
+    out = capsys.readouterr().out
+    assert "(t4) Llama-architecture 7B, full fine-tune in bf16" in out
+    assert lim["least"]["to_gpu_bytes"] == pytest.approx(11 * GiB, rel=1e-6)
+    assert lim["least"]["home_bytes"] == pytest.approx(11 * GiB, rel=1e-6)
+    assert not lim["least"].get("bf16_casts")
+    bf16 = method.least_step_s(12 * GiB, 14 * GiB, 50e9, 50e9, 2e9)
+    assert lim["host"]["seconds"] == pytest.approx(bf16["seconds"], rel=1e-6)
+    assert lim["host"]["seconds"] > method.least_step_s(12 * GiB, 14 * GiB, 50e9, 50e9,
+                                                        4e9)["seconds"]
+
+
 def test_a_variant_with_its_own_budget_is_held_to_its_own_limit(capsys):
     """torch_uvm_in_backward_4GiB: the speed-for-memory curve's points are
     each held to the least limit of their own budget, not the scenario's."""

@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from torch_uvm.estimate import FORWARD_RUNTIME_BYTES, RUNTIME_BYTES, CACHE_SHARE, estimate
+from torch_uvm.estimate import (FORWARD_RUNTIME_BYTES, RUNTIME_BYTES, CACHE_SHARE, estimate,
+                                least_full_crossing)
 from torch_uvm.offload_state import TRAINING_EXTRA, TRAINING_HOMES, window_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -531,3 +532,21 @@ def test_a_lora_from_its_config_counts_the_adapters_as_the_peft_model_offload_ma
     buffers = sum(b.nbytes for b in model.buffers())   # (the rotary tables: the module's alone)
     assert by_config.weights + buffers == by_model.weights
     assert by_config.budget + buffers == by_model.budget > by_model.weights
+
+
+def test_a_full_fine_tune_moves_at_least_its_least_placement_each_step():
+    """By hand, 12 GiB of weights (24 of AdamW's states): under 8 GiB, every
+    weight streams but 8 resident alone: 16 GiB to the GPU (2 W - B); under
+    14, 2 GiB keep their states (3 bytes a byte), the rest resident alone:
+    11 GiB each way ((3 W - B) / 2); under 36 nothing crosses. Under
+    autocast the bf16 casts may cross in their place: W - B, half or less."""
+    G = 1 << 30
+    assert least_full_crossing(12 * G, 8 * G, casts=False) == 16 * G
+    assert least_full_crossing(12 * G, 14 * G, casts=False) == 11 * G
+    assert least_full_crossing(12 * G, 36 * G, casts=False) == 0
+    assert least_full_crossing(12 * G, 8 * G, casts=True) == 4 * G
+    assert least_full_crossing(12 * G, 14 * G, casts=True) == 0
+    roomy = estimate(TINY, task="full", batch=2, seq=64, gpu_memory="64GiB", link_gbps=50.0,
+                     autocast=False)
+    assert roomy.budget < 3 * roomy.weights    # every weight resident, its states not
+    assert roomy.floor_s == pytest.approx((3 * roomy.weights - roomy.budget) // 2 / 50e9)
