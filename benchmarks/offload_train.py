@@ -494,7 +494,7 @@ def measure(scenario, variant):
         config = deepspeed_config(2 if variant == "deepspeed_zero2_offload_more_memory" else 3,
                                   budget(scenario), conf["hidden"], conf["lr"],
                                   bf16=variant.endswith("_bf16"))
-        model = deepspeed_zero_offload(model, config)
+        model, optimizer = deepspeed_zero_offload(model, config), None   # (its engine steps)
         extra["optimizer"] = {"class": type(getattr(model, "basic_optimizer", None)).__name__,
                               "zero_optimization": config["zero_optimization"]}
 
