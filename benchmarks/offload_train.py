@@ -168,8 +168,8 @@ PLAN = {
     # examples/recipes/full_7b.py on a 24 GB card beside its anchors: the
     # anchors that need no more memory than the card first, then the savers
     "llama7b": ["pinned_rate", "resident", "torch_uvm_bound_24GiB_in_backward",
-                "fsdp2_cpu_offload", "deepspeed_zero_offload_bf16", "torchtune_single_device",
-                "torch_uvm_bound_24GiB_in_backward_host1_nonblocking"],
+                "torch_uvm_bound_24GiB_in_backward_host1_nonblocking",
+                "fsdp2_cpu_offload", "deepspeed_zero_offload_bf16", "torchtune_single_device"],
 }
 # A variant named <variant>_<N>GiB runs under N GiB instead of the scenario's
 # budget: torch_uvm's speed for memory beside the anchors' points. One named
