@@ -169,7 +169,7 @@ PLAN = {
     # anchors that need no more memory than the card first, then the savers
     "llama7b": ["pinned_rate", "resident", "torch_uvm_bound_24GiB_in_backward",
                 "torch_uvm_bound_24GiB_in_backward_host1_nonblocking",
-                "torch_uvm_bound_7GiB_in_backward_host1_nonblocking",
+                "torch_uvm_bound_8GiB_in_backward_host1_nonblocking",
                 "fsdp2_cpu_offload", "deepspeed_zero_offload_bf16", "torchtune_single_device"],
 }
 # A variant named <variant>_<N>GiB runs under N GiB instead of the scenario's
