@@ -71,17 +71,29 @@ def mlp_inputs():
 
 
 # The rows whose estimate misses its target: the row's name, what misses
-# ("gpu" or "host"), and why. The test asserts that each still misses (fixed,
+# ("gpu", "host" or "gpu and host"), and why. The test asserts that each still misses (fixed,
 # it must leave this list) and that every other row meets the target.
-FP32_BUILD = ("the run's host peak is the benchmark's own: offload_generate builds the model "
-              "in fp32 and casts it to fp16, 6 GiB for a moment before anything is offloaded "
-              "(its all-resident run, which pins nothing, peaked at 7.32 GiB in the same run). "
-              "The benchmark now makes it on the meta device and fills it in fp16 (3.83 GiB "
-              "at its peak on a CPU), not yet run on a GPU")
+RUNTIME = ("the process beside its homes took 2.0 GiB, against the 1.5 GiB the estimate "
+           "gives every process (HOST_RUNTIME_BYTES): the all-resident run of the same "
+           "benchmark took 0.93 GiB beside its 3 GiB of weights, torch_uvm's 1.08 GiB more. "
+           "The 7B's runs took 1.57 GiB beside their homes, the MLP's 0.98: what a process "
+           "imports and caches varies by 1 GiB, which the estimate does not read")
+APART = ("over, on the safe side: the run allocated at most 2.65 GiB beside its slots "
+         "(max_memory_allocated less the slots) and cached 0.73-1.23 GiB more; the estimate "
+         "adds the checkpoints and a layer's work (1.53 GiB) to the logits and their "
+         "fp32 gradients (1.22 GiB), whose peaks do not coincide, and a cache of 1.38 GiB. "
+         "A bf16 full fine-tune without autocast has no other row; fitted on the 3B's fp32 "
+         "runs under autocast, the same sum is 1.04 of its measure")
 MISSES: dict = {
-    "3 GiB fp16 generation, 1.5 GiB, batch 1, H200": ("host", FP32_BUILD),
-    "3 GiB fp16 generation, gpu_memory 2 GiB (budget chosen 0.93 GiB), batch 1, H200":
-        ("host", FP32_BUILD),
+    "7B full fine-tune in bf16, gpu_memory 24 GiB (budget chosen 14.02 GiB), step in backward, "
+    "host step, H200": ("gpu", APART),
+    "7B full fine-tune in bf16, gpu_memory 8 GiB (budget chosen 2.01 GiB), step in backward, "
+    "host step, H200": ("gpu", APART),
+    "3 GiB fp16 generation, 1.5 GiB, batch 1, H200": ("host", RUNTIME),
+    "3 GiB fp16 generation, gpu_memory 2 GiB (budget chosen 1.00 GiB), batch 1, H200":
+        ("gpu and host", RUNTIME + ". Its GPU estimate is over, on the safe side: 1.20 GiB "
+         "against 1.08; beside the slots the run took 0.08 GiB, the estimate 0.20 (a "
+         "forward's runtime, FORWARD_RUNTIME_BYTES, 192 MiB, alone)"),
 }
 
 # name, config, estimate's arguments, (JSON, run path), where the GPU peak,
@@ -166,11 +178,11 @@ CASES = [
      "process_gpu_memory.peak_bytes", "host_peak_bytes", "ms"),
     ("3 GiB fp16 generation, 1.5 GiB, batch 1, H200", GPT2_GEN,
      dict(task="generate", budget=3 * GiB // 2, batch=1, seq=32, new_tokens=32, dtype="float16"),
-     ("2026-11-30-h200-x2/offload_generate-bound.json", ["runs", "torch_uvm_offload"]),
+     ("2026-11-30-h200-x2/offload_generate-meta.json", ["runs", "torch_uvm_offload"]),
      "process_gpu_memory.peak_bytes", "host_peak_bytes", "tokens_per_s"),
-    ("3 GiB fp16 generation, gpu_memory 2 GiB (budget chosen 0.93 GiB), batch 1, H200", GPT2_GEN,
-     dict(task="generate", budget=995498279, batch=1, seq=32, new_tokens=32, dtype="float16"),
-     ("2026-11-30-h200-x2/offload_generate-bound.json", ["runs", "torch_uvm_bound_2GiB"]),
+    ("3 GiB fp16 generation, gpu_memory 2 GiB (budget chosen 1.00 GiB), batch 1, H200", GPT2_GEN,
+     dict(task="generate", budget=1068898599, batch=1, seq=32, new_tokens=32, dtype="float16"),
+     ("2026-11-30-h200-x2/offload_generate-meta.json", ["runs", "torch_uvm_bound_2GiB"]),
      "process_gpu_memory.peak_bytes", "host_peak_bytes", "tokens_per_s"),
     ("7B generation, gpu_memory 5 GiB (budget chosen 3.80 GiB), batch 1, H200", LLAMA_7B,
      dict(task="generate", budget=4080376576, batch=1, seq=32, new_tokens=16, dtype="bfloat16"),
@@ -194,10 +206,34 @@ CASES = [
      LLAMA_7B, dict(task="lora", budget=13640966656, batch=4, seq=1024, dtype="bfloat16"),
      ("2026-11-30-h200-x2/offload_lora-24GiB-whole.json", ["runs", "torch_uvm_bound_24GiB"]),
      "batches.4.gpu_peak_timed_bytes", "host_peak_bytes", "batches.4.s_per_step"),
+    # load_llama counts the host from its start (host_base): the whole process is both
+    ("7B generation from safetensors, gpu_memory 5 GiB (budget chosen 3.06 GiB), batch 1, H200",
+     LLAMA_7B, dict(task="generate", budget=3281087936, batch=1, seq=32, new_tokens=16,
+                    dtype="bfloat16"),
+     ("2026-11-30-h200-x2/load_llama-bound.json", ["runs", "torch_uvm_checkpoint_bound"]),
+     "gpu_peak_bytes", "host_peak_bytes+host_base_bytes", "tokens_per_s"),
+    ("7B full fine-tune in bf16, gpu_memory 24 GiB (budget chosen 14.02 GiB), step in backward, "
+     "host step, H200", LLAMA_7B,
+     dict(task="full", budget=15049695744, batch=4, seq=1024, autocast=False, dtype="bfloat16",
+          host_step=1.0),
+     ("2026-11-30-h200-x2/offload_train-7b-full-rounds.json",
+      ["runs", "llama7b", "torch_uvm_bound_24GiB_in_backward_host1_nonblocking"]),
+     "process_gpu_memory.peak_bytes", "host_peak_bytes", "s_per_step"),
+    ("7B full fine-tune in bf16, gpu_memory 8 GiB (budget chosen 2.01 GiB), step in backward, "
+     "host step, H200", LLAMA_7B,
+     dict(task="full", budget=2162360320, batch=4, seq=1024, autocast=False, dtype="bfloat16",
+          host_step=1.0),
+     ("2026-11-30-h200-x2/offload_train-7b-full-8GiB.json",
+      ["runs", "llama7b", "torch_uvm_bound_8GiB_in_backward_host1_nonblocking"]),
+     "process_gpu_memory.peak_bytes", "host_peak_bytes", "s_per_step"),
 ]
 
 
 def dig(d, dotted):
+    """`d`'s value at the dotted key; keys joined by + are summed."""
+    if "+" in dotted:
+        parts = [dig(d, k) for k in dotted.split("+")]
+        return None if None in parts else sum(parts)
     for k in dotted.split("."):
         if not isinstance(d, dict) or k not in d:
             return None
@@ -261,8 +297,9 @@ def main():
               f"{x['source']} |")
     for x in rows:
         if x["miss"]:
-            what = {"gpu": "GPU", "host": "host"}[x["miss"][0]]
-            print(f"  {x['case']}: the {what} estimate is outside the target. {x['miss'][1]}")
+            what = x["miss"][0].replace("gpu", "GPU")
+            print(f"  {x['case']}: the {what} estimate{'s are' if ' and ' in what else ' is'} "
+                  f"outside the target. {x['miss'][1]}")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         import platform

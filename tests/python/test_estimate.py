@@ -195,16 +195,17 @@ def test_the_estimate_is_within_its_targets_on_every_committed_run():
     rows = estimate_check.check()
     assert set(estimate_check.MISSES) <= {row["case"] for row in rows}
     for row in rows:
-        missed = row["miss"][0] if row["miss"] else None
-        assert missed in (None, "gpu", "host") and (not missed or row["miss"][1]), row
+        missed = row["miss"][0] if row["miss"] else ""
+        assert missed in ("", "gpu", "host", "gpu and host") and (not missed or row["miss"][1]), \
+            row
         # a known miss says why, and leaves the list once it is within
         within = 0.9 <= row["gpu_estimate"] / row["gpu_measured"] <= 1.1
-        assert within != (missed == "gpu"), row
+        assert within != ("gpu" in missed), row
         if row["host_measured"]:
             within = 0.9 <= row["host_estimate"] / row["host_measured"] <= 1.1
-            assert within != (missed == "host"), row
+            assert within != ("host" in missed), row
         else:
-            assert missed != "host", row
+            assert "host" not in missed, row
         if row["measured_s"]:
             assert row["floor_s"] <= row["measured_s"], row
 
@@ -550,3 +551,13 @@ def test_a_full_fine_tune_moves_at_least_its_least_placement_each_step():
                      autocast=False)
     assert roomy.budget < 3 * roomy.weights    # every weight resident, its states not
     assert roomy.floor_s == pytest.approx((3 * roomy.weights - roomy.budget) // 2 / 50e9)
+
+
+def test_estimate_check_sums_the_keys_a_run_splits_its_measure_into():
+    """load_llama counts the host from its start: the whole process is its
+    peak and its start together, "host_peak_bytes+host_base_bytes"."""
+    import estimate_check
+    run = {"host_peak_bytes": 13, "host_base_bytes": 1, "gpu": {"peak": 5}}
+    assert estimate_check.dig(run, "host_peak_bytes+host_base_bytes") == 14
+    assert estimate_check.dig(run, "gpu.peak+host_base_bytes") == 6
+    assert estimate_check.dig(run, "host_peak_bytes+missing") is None
