@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import method            # noqa: E402
 import offload_generate  # noqa: E402
 import offload_train     # noqa: E402
+import frontier_24gib    # noqa: E402
 
 GiB = 1 << 30
 
@@ -695,3 +696,24 @@ def test_a_load_under_a_bound_reports_the_whole_process_beside_it(tmp_path, monk
     row = saved["tables"]["torch_uvm_checkpoint_bound"]
     assert row["process_gpu_whole_peak_bytes"] == 4 * GiB + GiB // 2
     assert "torch_uvm_checkpoint_bound" in load_llama.LOADS
+
+
+def test_the_24_gib_frontier_takes_each_point_from_the_run_that_measured_it():
+    """frontier_24gib.py: the three 7B recipes' points, each keeping its
+    run's file and machine; torch_uvm's within the card, an anchor beside
+    each; the LoRA's 24 GiB point from the run after dca500d's fix, not the
+    anchors' run, whose budget was the weights alone."""
+    found = frontier_24gib.points()
+    assert set(found) == {"generation, batch 1", "LoRA, batch 4", "full fine-tune, batch 4"}
+    for recipe, pts in found.items():
+        mine = [p for p in pts if p["variant"].startswith("torch_uvm")]
+        assert mine and len(mine) < len(pts), recipe
+        assert all(p["gpu_bytes"] <= 24 * GiB for p in mine), recipe
+        for p in pts:
+            assert os.path.exists(os.path.join(ROOT, "benchmarks", "results", p["run"]))
+            assert all(p["machine"].get(k) for k in ("gpu", "torch", "cuda", "driver")), p
+    lora = [p for p in found["LoRA, batch 4"] if p["variant"] == "torch_uvm_bound_24GiB"]
+    assert len(lora) == 1 and lora[0]["run"].endswith("offload_lora-24GiB-whole.json")
+    assert lora[0]["tokens_per_s"] == pytest.approx(4964.05, abs=0.01)
+    full = {p["variant"]: p for p in found["full fine-tune, batch 4"]}
+    assert full["torchtune_single_device"]["gpu_bytes"] > 24 * GiB
