@@ -79,14 +79,12 @@ RUNTIME = ("the process beside its homes took 2.0 GiB, against the 1.5 GiB the e
            "The 7B's runs took 1.57 GiB beside their homes, the MLP's 0.98: what a process "
            "imports and caches varies by 1 GiB, which the estimate does not read")
 APART = ("over, on the safe side: the run allocated at most 2.65 GiB beside its slots "
-         "(max_memory_allocated less the slots) and cached 0.73-1.23 GiB more; the estimate "
+         "(max_memory_allocated less the slots) and cached 0.73 GiB more; the estimate "
          "adds the checkpoints and a layer's work (1.53 GiB) to the logits and their "
          "fp32 gradients (1.22 GiB), whose peaks do not coincide, and a cache of 1.38 GiB. "
-         "A bf16 full fine-tune without autocast has no other row; fitted on the 3B's fp32 "
-         "runs under autocast, the same sum is 1.04 of its measure")
+         "The same sum is 1.044-1.083 of the 3B's measure (fp32 weights under autocast); under "
+         "24 GiB, every weight resident, this run's is 1.046")
 MISSES: dict = {
-    "7B full fine-tune in bf16, gpu_memory 24 GiB (budget chosen 14.02 GiB), step in backward, "
-    "host step, H200": ("gpu", APART),
     "7B full fine-tune in bf16, gpu_memory 8 GiB (budget chosen 2.01 GiB), step in backward, "
     "host step, H200": ("gpu", APART),
     "3 GiB fp16 generation, 1.5 GiB, batch 1, H200": ("host", RUNTIME),
@@ -212,8 +210,9 @@ CASES = [
                     dtype="bfloat16"),
      ("2026-11-30-h200-x2/load_llama-bound.json", ["runs", "torch_uvm_checkpoint_bound"]),
      "gpu_peak_bytes", "host_peak_bytes+host_base_bytes", "tokens_per_s"),
-    ("7B full fine-tune in bf16, gpu_memory 24 GiB (budget chosen 14.02 GiB), step in backward, "
-     "host step, H200", LLAMA_7B,
+    # (host_step=1 asked; every unit stayed resident, so none stepped on the host)
+    ("7B full fine-tune in bf16, gpu_memory 24 GiB (budget chosen 14.02 GiB: every weight "
+     "resident), step in backward, H200", LLAMA_7B,
      dict(task="full", budget=15049695744, batch=4, seq=1024, autocast=False, dtype="bfloat16",
           host_step=1.0),
      ("2026-11-30-h200-x2/offload_train-7b-full-rounds.json",

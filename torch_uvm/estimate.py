@@ -102,11 +102,14 @@ MARGIN_PARTS = 16
 IN_FLIGHT = STEPS_BEHIND + 1
 
 
-def streamed_in_training(weights: int, budget: int, least: int) -> int:
-    """The weights a training plan streams under `budget`: what it keeps
-    resident is the budget less the least one (the streaming window and a
-    step's room) and the share the gradients copying home may take
-    (host_step.copies_share)."""
+def streamed_in_training(weights: int, budget: int, least: int, whole: int) -> int:
+    """The weights a training plan streams under `budget`: none from `whole`
+    on (the weights and a step's room: every unit resident); below it, what
+    it keeps resident is the budget less the least one (the streaming
+    window and a step's room) and the share the gradients copying home may
+    take (host_step.copies_share)."""
+    if budget >= whole:
+        return 0
     resident = max(0, budget - least - int(copies_share() * budget))
     return max(0, min(weights, weights - resident))
 
@@ -121,9 +124,10 @@ def least_full_crossing(weights: int, budget: int, casts: bool) -> int:
     its states (3 bytes of budget, nothing crosses). Under 3 W that is
     2 W - B in below W, else (3 W - B) / 2 each way. Under autocast
     (`casts`) a placement may move the weights' bf16 casts instead, half
-    as many bytes: W - B, what this gives then, is no more than that least
-    (the casts of 2 B bytes resident move half a byte each way a byte, the
-    rest streamed one)."""
+    as many bytes: with no budget every weight's cast still comes to the GPU
+    in both passes (W in), and each byte of budget saves at most one byte
+    in (a resident cast saves one for half a byte of budget), so W - B,
+    what this gives then, is no more than that least."""
     if casts:
         return max(0, weights - budget)
     if budget < weights:
@@ -513,7 +517,7 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
         if task == "full" and step_in_backward and host_step and bound is None:
             # the host-stepped gradients on their way home, beside the slots (under
             # gpu_memory, stream_optimizer holds them to the gradients in flight)
-            copying = min(int(copies_share() * b), streamed_in_training(weights, b, least))
+            copying = min(int(copies_share() * b), streamed_in_training(weights, b, least, whole))
             parts["gradients copying home"] = max(0, copying - parts["gradients in flight"])
         parts["allocator's cache"] = int(CACHE_SHARE * (working + parts["logits"]))
         parts["workspaces"] = RUNTIME_BYTES if training else FORWARD_RUNTIME_BYTES
@@ -590,7 +594,7 @@ def estimate(config, task: str = "generate", budget=None, gpu_memory=None,
     if task == "full":     # weights, two states, and gradients unless they step in backward
         host = weights * (3 if step_in_backward else 4)
         if step_in_backward and host_step:      # the host-stepped ones' gradients go home
-            host += int(host_step * streamed_in_training(weights, chosen, least))
+            host += int(host_step * streamed_in_training(weights, chosen, least, whole))
     elif task == "lora":     # the adapters are among the weights: their gradients
         host = weights + 3 * (sum(trainable) if trainable is not None else adapters)  # and states
     else:

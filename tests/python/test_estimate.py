@@ -538,7 +538,7 @@ def test_a_lora_from_its_config_counts_the_adapters_as_the_peft_model_offload_ma
 def test_a_full_fine_tune_moves_at_least_its_least_placement_each_step():
     """By hand, 12 GiB of weights (24 of AdamW's states): under 8 GiB, every
     weight streams but 8 resident alone: 16 GiB to the GPU (2 W - B); under
-    14, 2 GiB keep their states (3 bytes a byte), the rest resident alone:
+    14, 1 GiB keeps its states (3 bytes a byte), the rest resident alone:
     11 GiB each way ((3 W - B) / 2); under 36 nothing crosses. Under
     autocast the bf16 casts may cross in their place: W - B, half or less."""
     G = 1 << 30
@@ -561,3 +561,19 @@ def test_estimate_check_sums_the_keys_a_run_splits_its_measure_into():
     assert estimate_check.dig(run, "host_peak_bytes+host_base_bytes") == 14
     assert estimate_check.dig(run, "gpu.peak+host_base_bytes") == 6
     assert estimate_check.dig(run, "host_peak_bytes+missing") is None
+
+
+def test_a_host_step_under_a_budget_that_keeps_every_weight_resident_sends_nothing_home():
+    """host_step steps the streamed units on the host: under a budget of
+    the weights and a step's room, none streams (the 7B in bf16 under 24 GiB
+    kept 293 of 293 units resident with host_step=1), so no gradient goes
+    home and none waits beside the slots."""
+    roomy = estimate(TINY, task="full", batch=2, seq=64, gpu_memory="64GiB", link_gbps=None,
+                     autocast=False)
+    stepped = estimate(TINY, task="full", batch=2, seq=64, budget=roomy.budget, link_gbps=None,
+                       autocast=False, host_step=1.0)
+    assert stepped.host_pinned == 3 * stepped.weights
+    assert "gradients copying home" not in stepped.gpu or not stepped.gpu["gradients copying home"]
+    tight = estimate(TINY, task="full", batch=2, seq=64, budget=roomy.least_budget * 2,
+                     link_gbps=None, autocast=False, host_step=1.0)
+    assert tight.host_pinned > 3 * tight.weights      # streamed units' gradients have homes
