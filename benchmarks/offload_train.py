@@ -239,10 +239,8 @@ def build(scenario):
         def loss_fn(m, x):
             return m(x).square().mean()
         return model, x, loss_fn
-    if scenario == "llama":
-        return build_llama()
-    if scenario == "llama7b":
-        return build_llama7b()
+    if scenario in LLAMAS:
+        return build_llama(scenario)
     from transformers import GPT2Config, GPT2LMHeadModel
     # deterministic: eager attention (SDPA's backward kernels accumulate with atomics)
     config = GPT2Config(n_embd=2048, n_layer=24, n_head=16, n_positions=GPT_SEQ,
@@ -257,13 +255,18 @@ def build(scenario):
     return model, x, loss_fn
 
 
-def build_llama():
-    """A full fine-tune as users write one: the Llama (3B, offload_llama's
-    builder, no second host copy) in fp32 master weights, bf16 autocast, HF's
-    activation checkpointing (non-reentrant), batch 4 x 1024 tokens."""
+def build_llama(scenario: str = "llama"):
+    """A full fine-tune as users write one: the Llama (offload_llama's
+    builder, no second host copy), HF's activation checkpointing
+    (non-reentrant), batch 4 x 1024 tokens. "llama": the 3B in fp32 master
+    weights under bf16 autocast. "llama7b" (examples/recipes/full_7b.py's
+    training): the 7B with its weights, and so AdamW's states, in bf16 (as
+    torchtune's single-device recipes train), no autocast."""
     import torch
+    autocast = scenario == "llama"
     extra = {"attn_implementation": "eager"} if DETERMINISTIC else {}
-    model = offload_llama.build(TINY, shape="3b", dtype=torch.float32, **extra)
+    model = offload_llama.build(TINY, shape=SHAPE[scenario],
+                                dtype=torch.float32 if autocast else torch.bfloat16, **extra)
     model.config.use_cache = False
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -271,27 +274,8 @@ def build_llama():
                       generator=torch.Generator().manual_seed(1))
 
     def loss_fn(m, x):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             return m(input_ids=x, labels=x).loss
-    return model, x, loss_fn
-
-
-def build_llama7b():
-    """examples/recipes/full_7b.py's training: a Llama-architecture 7B
-    (offload_llama's builder) with its weights in bf16 and AdamW's states in
-    bf16 (as torchtune's single-device recipes train), no autocast, HF's
-    activation checkpointing (non-reentrant), batch 4 x 1024 tokens."""
-    import torch
-    extra = {"attn_implementation": "eager"} if DETERMINISTIC else {}
-    model = offload_llama.build(TINY, shape=SHAPE["llama7b"], dtype=torch.bfloat16, **extra)
-    model.config.use_cache = False
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    x = torch.randint(0, model.config.vocab_size, (LLAMA_BATCH, LLAMA_SEQ),
-                      generator=torch.Generator().manual_seed(1))
-
-    def loss_fn(m, x):
-        return m(input_ids=x, labels=x).loss
     return model, x, loss_fn
 
 
