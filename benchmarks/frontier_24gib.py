@@ -36,6 +36,19 @@ RUNS = {
 }
 
 
+# What a variant's name leaves unsaid, in the plot and the table: under
+# 24 GiB every weight stays resident, so host_step finds no streamed unit
+# to step on the host.
+NOTES = {"torch_uvm_bound_24GiB_in_backward_host1_nonblocking":
+         "host_step=1, non_blocking=True: none stepped on the host",
+         "torch_uvm_bound_8GiB_in_backward_host1_nonblocking": "every unit stepped on the host"}
+
+
+def label(variant: str, between: str = " ") -> str:
+    """The variant's name, with what NOTES says of it after `between`."""
+    return f"{variant}{between}({NOTES[variant]})" if variant in NOTES else variant
+
+
 def point(run: dict, batch) -> tuple:
     """(tokens/s, the run's GPU peak in bytes) of one round of a variant."""
     if batch is not None:       # offload_llama's and offload_lora's batches
@@ -85,7 +98,8 @@ def plot(found: dict, path: str) -> None:
             mine = p["variant"].startswith("torch_uvm")
             ax.scatter(p["gpu_bytes"] / GiB, p["tokens_per_s"], marker="o" if mine else "s",
                        color="C0" if mine else "C1")
-            ax.annotate(p["variant"], (p["gpu_bytes"] / GiB, p["tokens_per_s"]), fontsize=6,
+            ax.annotate(label(p["variant"], "\n"), (p["gpu_bytes"] / GiB, p["tokens_per_s"]),
+                        fontsize=6,
                         xytext=(3, 3), textcoords="offset points")
         ax.axvline(CARD / GiB, color="k", ls="--", label="24 GiB")
         ax.set_xlabel("process GPU memory beyond CUDA's context, GiB")
@@ -106,7 +120,7 @@ def main():
     for recipe, pts in found.items():
         for p in sorted(pts, key=lambda p: p["gpu_bytes"]):
             over = " (over 24 GiB)" if p["gpu_bytes"] > CARD else ""
-            print(f"| {recipe} | {p['variant']} | {p['tokens_per_s']:.1f} | "
+            print(f"| {recipe} | {label(p['variant'])} | {p['tokens_per_s']:.1f} | "
                   f"{p['gpu_bytes'] / GiB:.2f}{over} | {p['rounds']} | {p['run']} |")
     os.makedirs(args.out, exist_ok=True)
     machines = {p["run"]: p["machine"] for pts in found.values() for p in pts}

@@ -717,3 +717,8 @@ def test_the_24_gib_frontier_takes_each_point_from_the_run_that_measured_it():
     assert lora[0]["tokens_per_s"] == pytest.approx(4964.05, abs=0.01)
     full = {p["variant"]: p for p in found["full fine-tune, batch 4"]}
     assert full["torchtune_single_device"]["gpu_bytes"] > 24 * GiB
+    # the 24 GiB host_step variant stepped nothing on the host, and its label says so
+    v = "torch_uvm_bound_24GiB_in_backward_host1_nonblocking"
+    with open(os.path.join(ROOT, "benchmarks", "results", full[v]["run"])) as f:
+        ran = json.load(f)["runs"]["llama7b"][v][0]
+    assert ran["host_stepped_bytes"] == 0 and "none stepped on the host" in frontier_24gib.label(v)
