@@ -13,6 +13,8 @@ import json
 import os
 import statistics
 
+import method
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 FOLDER = "2026-11-30-h200-x2"
@@ -85,12 +87,8 @@ def points() -> dict:
 
 
 def plot(found: dict, path: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot")
+    plt = method.pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, len(found), figsize=(6 * len(found), 4.5), squeeze=False)
     for ax, (recipe, pts) in zip(axes[0], found.items()):

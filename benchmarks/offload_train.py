@@ -1025,12 +1025,8 @@ def main():
 
 
 def plot(tables, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot")
+    plt = method.pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, len(tables), figsize=(6.5 * len(tables), 4.5), squeeze=False)
     for ax, (s, t) in zip(axes[0], tables.items()):
